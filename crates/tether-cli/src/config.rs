@@ -1,0 +1,188 @@
+//! The endpoint config file (TOML) and turning it into a loaded cell.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use tether_kernel::loader::{self, Cell, Defect, ManifestSource, OverlaySource};
+
+/// The endpoint config. Unknown keys are refused so a typo never drops a setting.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Endpoint id (default `tether-local`).
+    #[serde(default)]
+    pub endpoint_id: Option<String>,
+    /// State directory, relative to the config file.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// Serve the built-in simulated cell as well.
+    #[serde(default)]
+    pub builtin_cell: bool,
+    /// Device manifest files (TOML or JSON), relative to the config file.
+    #[serde(default)]
+    pub devices: Vec<PathBuf>,
+    /// Operator overlay (`site-limits.json`), relative to the config file.
+    #[serde(default)]
+    pub overlay: Option<PathBuf>,
+}
+
+/// What `serve`, `check` and `describe` work from.
+pub struct Loaded {
+    pub config: EndpointConfig,
+    pub base: PathBuf,
+    pub manifests: Vec<ManifestSource>,
+    pub overlay: Option<OverlaySource>,
+}
+
+fn defect(file: &Path, message: String) -> Defect {
+    Defect {
+        file: file.display().to_string(),
+        device: "-".into(),
+        field: "-".into(),
+        message,
+    }
+}
+
+/// Reads a config (or, with none, the built-in cell).
+///
+/// # Errors
+/// Unreadable or malformed files, each as a defect.
+pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
+    let Some(path) = path else {
+        return Ok(Loaded {
+            config: EndpointConfig {
+                builtin_cell: true,
+                ..EndpointConfig::default()
+            },
+            base: PathBuf::from("."),
+            manifests: tether_drivers::builtin_cell(),
+            overlay: None,
+        });
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![defect(path, format!("cannot read: {e}"))])?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    // A file with a top-level device_id is a single manifest: check it alone.
+    if looks_like_manifest(&text, path) {
+        return Ok(Loaded {
+            config: EndpointConfig::default(),
+            base,
+            manifests: vec![ManifestSource {
+                origin: path.display().to_string(),
+                text,
+            }],
+            overlay: None,
+        });
+    }
+    let config: EndpointConfig =
+        toml::from_str(&text).map_err(|e| vec![defect(path, e.to_string())])?;
+    let mut manifests = if config.builtin_cell {
+        tether_drivers::builtin_cell()
+    } else {
+        Vec::new()
+    };
+    let mut defects = Vec::new();
+    for rel in &config.devices {
+        let p = base.join(rel);
+        match std::fs::read_to_string(&p) {
+            Ok(text) => manifests.push(ManifestSource {
+                origin: p.display().to_string(),
+                text,
+            }),
+            Err(e) => defects.push(defect(&p, format!("cannot read device manifest: {e}"))),
+        }
+    }
+    let overlay = match &config.overlay {
+        Some(rel) => {
+            let p = base.join(rel);
+            match std::fs::read_to_string(&p) {
+                Ok(text) => Some(OverlaySource {
+                    origin: p.display().to_string(),
+                    text,
+                }),
+                Err(e) => {
+                    defects.push(defect(&p, format!("cannot read overlay: {e}")));
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    if manifests.is_empty() && defects.is_empty() {
+        defects.push(defect(
+            path,
+            "the config serves no device: list `devices` or set `builtin_cell = true`".into(),
+        ));
+    }
+    if defects.is_empty() {
+        Ok(Loaded {
+            config,
+            base,
+            manifests,
+            overlay,
+        })
+    } else {
+        Err(defects)
+    }
+}
+
+fn looks_like_manifest(text: &str, path: &Path) -> bool {
+    if path.extension().is_some_and(|e| e == "json") {
+        return text.contains("\"device_id\"");
+    }
+    toml::from_str::<toml::Value>(text)
+        .ok()
+        .and_then(|v| v.get("device_id").cloned())
+        .is_some()
+}
+
+/// Loads the cell and checks that every device has a driver.
+///
+/// # Errors
+/// Every defect found.
+pub fn load_cell(loaded: &Loaded) -> Result<Cell, Vec<Defect>> {
+    let cell = loader::load(&loaded.manifests, loaded.overlay.as_ref())?;
+    let mut defects = Vec::new();
+    for d in &cell.devices {
+        if !tether_drivers::KINDS.contains(&d.manifest.driver.as_str()) {
+            defects.push(Defect {
+                file: d.origin.clone(),
+                device: d.manifest.device_id.clone(),
+                field: "driver".into(),
+                message: format!(
+                    "unknown driver kind `{}` (known: {})",
+                    d.manifest.driver,
+                    tether_drivers::KINDS.join(", ")
+                ),
+            });
+        }
+    }
+    if defects.is_empty() {
+        Ok(cell)
+    } else {
+        Err(defects)
+    }
+}
+
+/// The state directory: the flag, else the config's, else `$TETHER_STATE_DIR`,
+/// else `$XDG_STATE_HOME/tether`, else `$HOME/.local/state/tether`, else
+/// `./.tether-state`.
+pub fn state_dir(flag: Option<&Path>, loaded: Option<&Loaded>) -> PathBuf {
+    if let Some(f) = flag {
+        return f.to_path_buf();
+    }
+    if let Some(l) = loaded {
+        if let Some(d) = &l.config.state_dir {
+            return l.base.join(d);
+        }
+    }
+    if let Some(d) = std::env::var_os("TETHER_STATE_DIR").filter(|v| !v.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(d).join("tether");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".local/state/tether");
+    }
+    PathBuf::from(".tether-state")
+}

@@ -1,0 +1,321 @@
+//! `tether` — the command-line entry point: serve, check, describe, audit.
+//!
+//! Exit codes: 0 success; 1 the thing checked is defective (a manifest defect,
+//! a broken evidence chain); 2 usage, I/O or start-up errors.
+
+mod config;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tether_kernel::{Kernel, KernelConfig, Principal};
+use tether_store::SqliteStore;
+
+#[derive(Parser)]
+#[command(
+    name = "tether",
+    version,
+    about = "The governed path between AI agents and machines. A software envelope, not a safety-rated channel: keep an independent hardware e-stop."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve JSON-RPC (built-in simulated cell when no --config is given).
+    Serve {
+        /// Endpoint config (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where evidence, latches, budgets and receipts persist.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Serve JSON-RPC on standard input/output, one JSON value per line.
+        #[arg(long, conflicts_with = "http")]
+        stdio: bool,
+        /// Serve JSON-RPC over HTTP at ADDR (POST /rpc); port 0 picks a free port.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<String>,
+    },
+    /// Check a config (or a single device manifest) and print every defect.
+    Check {
+        /// Config or manifest file.
+        file: PathBuf,
+    },
+    /// Print a device's reference file (limits with units and sources, safety).
+    Describe {
+        /// Device id.
+        device: String,
+        /// Endpoint config (TOML); the built-in cell when absent.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print reference.json instead of Markdown.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export or verify the evidence chain.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+    /// Print the MHS error-code registry as Markdown.
+    Codes,
+}
+
+#[derive(Subcommand)]
+enum AuditAction {
+    /// Write the chain as JSON Lines to standard output.
+    Export {
+        /// State directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Verify a chain; exit 1 naming the first broken entry.
+    Verify {
+        /// State directory to verify.
+        #[arg(long, conflicts_with = "file")]
+        state_dir: Option<PathBuf>,
+        /// Exported JSON Lines file to verify.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve {
+            config,
+            state_dir,
+            stdio,
+            http,
+        } => serve(config, state_dir, stdio, http),
+        Command::Check { file } => Ok(check(&file)),
+        Command::Describe {
+            device,
+            config,
+            json,
+        } => describe(&device, config, json),
+        Command::Audit { action } => audit(action),
+        Command::Codes => {
+            print!("{}", tether_core::codes::registry_markdown());
+            Ok(ExitCode::SUCCESS)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tether: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn print_defects(defects: &[tether_kernel::loader::Defect]) {
+    for d in defects {
+        eprintln!("{d}");
+    }
+    eprintln!("tether: {} defect(s); nothing was started", defects.len());
+}
+
+fn check(file: &std::path::Path) -> ExitCode {
+    let loaded = match config::read(Some(file)) {
+        Ok(l) => l,
+        Err(defects) => {
+            print_defects(&defects);
+            return ExitCode::from(1);
+        }
+    };
+    match config::load_cell(&loaded) {
+        Ok(cell) => {
+            for d in &cell.devices {
+                println!(
+                    "ok: device `{}` ({}, {}, {} binding(s)) from {}",
+                    d.manifest.device_id,
+                    d.manifest.mode.as_str(),
+                    d.manifest.risk_class,
+                    d.bindings.len(),
+                    d.origin
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(defects) => {
+            print_defects(&defects);
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn describe(device: &str, config: Option<PathBuf>, json: bool) -> anyhow::Result<ExitCode> {
+    let loaded = config::read(config.as_deref()).map_err(|d| {
+        anyhow::anyhow!(d
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"))
+    })?;
+    let cell = config::load_cell(&loaded).map_err(|d| {
+        anyhow::anyhow!(d
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"))
+    })?;
+    let Some(spec) = cell.devices.iter().find(|d| d.manifest.device_id == device) else {
+        bail!(
+            "no device `{device}` (devices: {})",
+            cell.devices
+                .iter()
+                .map(|d| d.manifest.device_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&tether_kernel::reference::reference_json(spec))?
+        );
+    } else {
+        print!("{}", tether_kernel::reference::reference_markdown(spec));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
+    match action {
+        AuditAction::Export { state_dir } => {
+            let dir = config::state_dir(state_dir.as_deref(), None);
+            let store = SqliteStore::open(&dir)
+                .with_context(|| format!("opening the store in {}", dir.display()))?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let n = tether_store::Store::export_chain(&store, &mut out)?;
+            out.flush()?;
+            eprintln!("tether: exported {n} entries from {}", dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditAction::Verify { state_dir, file } => {
+            let report = match file {
+                Some(f) => {
+                    let fh = std::fs::File::open(&f)
+                        .with_context(|| format!("opening {}", f.display()))?;
+                    tether_store::verify::verify_jsonl(std::io::BufReader::new(fh))
+                }
+                None => {
+                    let dir = config::state_dir(state_dir.as_deref(), None);
+                    tether_store::verify::verify_store(&dir)
+                        .with_context(|| format!("reading the store in {}", dir.display()))?
+                }
+            };
+            match (&report.ok, &report.first_broken) {
+                (true, _) => {
+                    println!("ok: {} entries, chain intact", report.entries);
+                    Ok(ExitCode::SUCCESS)
+                }
+                (false, Some(b)) => {
+                    println!(
+                        "broken: first broken entry at {b} ({} intact entries before it)",
+                        report.entries
+                    );
+                    Ok(ExitCode::from(1))
+                }
+                (false, None) => {
+                    println!("broken: chain did not verify");
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+    }
+}
+
+fn serve(
+    config_path: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    stdio: bool,
+    http: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    if !stdio && http.is_none() {
+        bail!("choose a transport: --stdio or --http ADDR (for example --http 127.0.0.1:7878)");
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let loaded = match config::read(config_path.as_deref()) {
+        Ok(l) => l,
+        Err(defects) => {
+            print_defects(&defects);
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let cell = match config::load_cell(&loaded) {
+        Ok(c) => c,
+        Err(defects) => {
+            print_defects(&defects);
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
+    let drivers = tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest))
+        .map_err(anyhow::Error::msg)?;
+    let store = SqliteStore::open(&dir)
+        .with_context(|| format!("opening the evidence store in {}", dir.display()))?;
+    let endpoint_id = loaded
+        .config
+        .endpoint_id
+        .clone()
+        .unwrap_or_else(|| "tether-local".into());
+    let device_count = cell.devices.len();
+    let kernel = Kernel::new(
+        KernelConfig::standard(&endpoint_id),
+        cell,
+        drivers,
+        Arc::new(store),
+    )
+    .context("starting the kernel")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        if stdio {
+            eprintln!(
+                "tether: serving JSON-RPC on stdio ({device_count} devices, state {})",
+                dir.display()
+            );
+            eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
+            tether_server::stdio::serve(
+                kernel,
+                Principal::local_agent(),
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+            )
+            .await?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        let addr = http.unwrap_or_default();
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "tether: listening on http://{local}/rpc ({device_count} devices, state {})",
+            dir.display()
+        );
+        eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        tether_server::http::serve(kernel, listener, shutdown).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,11 @@
+//! The generated docs stay in step with the registry.
+
+#[test]
+fn error_code_page_is_generated_from_the_registry() {
+    let page = include_str!("../../../docs/ERROR_CODES.md");
+    assert_eq!(
+        page,
+        tether_core::codes::registry_markdown(),
+        "docs/ERROR_CODES.md is stale: regenerate it with `cargo run -- codes > docs/ERROR_CODES.md`"
+    );
+}

@@ -1,0 +1,185 @@
+//! A simulated six-joint arm that moves in real time.
+//!
+//! A move interpolates every joint linearly so that the joint with the
+//! largest travel moves at the requested speed; it takes max|Δjoint| / speed
+//! seconds. The motion advances in ticks and checks cancellation and the
+//! halt flag (set by a stop or an e-stop) at every tick, so it stops within
+//! one tick of being told to.
+
+use crate::cfg_f64;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, Signal};
+
+/// Joints of the simulated arm.
+pub const JOINTS: usize = 6;
+/// Longest motion the simulator runs, s (bounds the tick loop).
+const MOTION_S_MAX: f64 = 600.0;
+
+#[derive(Debug, Clone)]
+struct State {
+    positions: [f64; JOINTS],
+    target: Option<[f64; JOINTS]>,
+}
+
+/// The simulated arm.
+#[derive(Debug)]
+pub struct SimArm {
+    home: [f64; JOINTS],
+    park_speed: f64,
+    tick: Duration,
+    state: Mutex<State>,
+    /// Incremented by every stop and e-stop; a motion that sees it change halts.
+    halt_epoch: AtomicU64,
+}
+
+impl SimArm {
+    /// Builds it from `driver_config` (`home`, `park_speed_rad_s`, `tick_ms`).
+    ///
+    /// # Errors
+    /// Malformed settings.
+    pub fn new(cfg: &Value) -> Result<Self, String> {
+        let home = match cfg.get("home") {
+            None => [0.0; JOINTS],
+            Some(v) => joints_of(v).ok_or("driver_config.home must hold 6 finite numbers")?,
+        };
+        let park_speed = cfg_f64(cfg, "park_speed_rad_s", 1.0)?;
+        let tick_ms = cfg_f64(cfg, "tick_ms", 10.0)?;
+        if park_speed <= 0.0 || !(1.0..=100.0).contains(&tick_ms) {
+            return Err("park_speed_rad_s must be positive and tick_ms within 1..=100".into());
+        }
+        Ok(Self {
+            home,
+            park_speed,
+            tick: Duration::from_millis(tick_ms as u64),
+            state: Mutex::new(State {
+                positions: home,
+                target: None,
+            }),
+            halt_epoch: AtomicU64::new(0),
+        })
+    }
+
+    fn snapshot(&self) -> Result<State, Signal> {
+        self.state.lock().map(|s| s.clone()).map_err(|_| poisoned())
+    }
+
+    fn set(&self, positions: [f64; JOINTS], target: Option<[f64; JOINTS]>) -> Result<(), Signal> {
+        let mut s = self.state.lock().map_err(|_| poisoned())?;
+        s.positions = positions;
+        s.target = target;
+        Ok(())
+    }
+
+    async fn move_to(
+        &self,
+        target: [f64; JOINTS],
+        speed: f64,
+        cancel: &CancelToken,
+    ) -> Result<Value, Signal> {
+        if !(speed.is_finite() && speed > 0.0) {
+            return Err(Signal::Failed {
+                reason: "bad_speed".into(),
+                message: "speed must be positive".into(),
+            });
+        }
+        let start = self.snapshot()?.positions;
+        let travel = start
+            .iter()
+            .zip(&target)
+            .map(|(a, b)| (b - a).abs())
+            .fold(0.0, f64::max);
+        let duration_s = (travel / speed).min(MOTION_S_MAX);
+        let epoch = self.halt_epoch.load(Ordering::SeqCst);
+        self.set(start, Some(target))?;
+        let began = Instant::now();
+        let ticks_max = (duration_s / self.tick.as_secs_f64()).ceil() as u64 + 2;
+        for _ in 0..ticks_max {
+            let elapsed = began.elapsed().as_secs_f64();
+            let frac = if duration_s > 0.0 {
+                (elapsed / duration_s).min(1.0)
+            } else {
+                1.0
+            };
+            let now: [f64; JOINTS] =
+                std::array::from_fn(|i| start[i] + (target[i] - start[i]) * frac);
+            if cancel.is_cancelled() || self.halt_epoch.load(Ordering::SeqCst) != epoch {
+                self.set(now, None)?;
+                return Err(Signal::Cancelled);
+            }
+            if frac >= 1.0 {
+                self.set(target, None)?;
+                return Ok(json!({"joints": target, "duration_s": duration_s}));
+            }
+            self.set(now, Some(target))?;
+            tokio::select! {
+                () = tokio::time::sleep(self.tick) => {}
+                () = cancel.cancelled() => {}
+            }
+        }
+        self.set(target, None)?;
+        Ok(json!({"joints": target, "duration_s": duration_s}))
+    }
+}
+
+fn joints_of(v: &Value) -> Option<[f64; JOINTS]> {
+    let a = v.as_array().filter(|a| a.len() == JOINTS)?;
+    let mut out = [0.0; JOINTS];
+    for (slot, x) in out.iter_mut().zip(a) {
+        *slot = x.as_f64().filter(|f| f.is_finite())?;
+    }
+    Some(out)
+}
+
+fn poisoned() -> Signal {
+    Signal::Failed {
+        reason: "state_poisoned".into(),
+        message: "simulator state unavailable".into(),
+    }
+}
+
+impl Driver for SimArm {
+    fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
+        let s = self.snapshot()?;
+        Ok(json!({"positions": s.positions, "moving": s.target.is_some(), "target": s.target}))
+    }
+
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+        Box::pin(async move {
+            match call.target() {
+                "move_to" => {
+                    let target =
+                        call.input()
+                            .get("joints")
+                            .and_then(joints_of)
+                            .ok_or_else(|| Signal::Failed {
+                                reason: "bad_input".into(),
+                                message: "joints must hold 6 numbers".into(),
+                            })?;
+                    let speed = call
+                        .input()
+                        .get("speed")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(0.25);
+                    self.move_to(target, speed, &cancel).await
+                }
+                "park" => self.move_to(self.home, self.park_speed, &cancel).await,
+                "stop" => {
+                    self.halt_epoch.fetch_add(1, Ordering::SeqCst);
+                    Ok(json!({"stopped": true}))
+                }
+                other => Err(Signal::Failed {
+                    reason: "unknown_target".into(),
+                    message: format!("unknown target `{other}`"),
+                }),
+            }
+        })
+    }
+
+    fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
+        self.halt_epoch.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}

@@ -1,0 +1,111 @@
+//! Admission-path benchmarks on the built-in simulated thermostat.
+//!
+//! - `admission/preflight`: evaluation steps 2–11 (session, binding, latch,
+//!   mode, structure, limits, schema bounds, budgets, interlocks) in process,
+//!   no evidence, no dispatch.
+//! - `command/memory_store`: the whole order including dispatch to the
+//!   simulated driver and evidence queued to an in-memory store (no fsync).
+//!
+//! Besides criterion's estimates it prints p50/p99 from a plain timed loop,
+//! because the targets are stated as percentiles. Run:
+//! `cargo bench -p tether-kernel --bench admission`.
+
+use criterion::{criterion_group, Criterion};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+use tether_kernel::{CommandRequest, Kernel, KernelConfig, Principal, SessionOpen};
+use tether_store::MemoryStore;
+
+fn kernel() -> Kernel {
+    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None)
+        .expect("builtin cell loads");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    Kernel::new(
+        KernelConfig::standard("bench"),
+        cell,
+        drivers,
+        Arc::new(MemoryStore::new()),
+    )
+    .expect("kernel")
+}
+
+fn request(session: &str, t: f64, id: Option<String>) -> CommandRequest {
+    CommandRequest {
+        session_id: Some(session.to_owned()),
+        device_id: "thermostat-1".into(),
+        capability_id: "cap.thermal.setpoint.v1".into(),
+        resource: None,
+        input: json!({"target_temperature": t}),
+        command_id: id,
+        deadline: None,
+        expected_revision: None,
+    }
+}
+
+fn percentiles(mut samples: Vec<u128>) -> (f64, f64, f64) {
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
+    (at(0.50), at(0.99), at(0.999))
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let k = kernel();
+    let p = Principal::local_agent();
+    let session = rt
+        .block_on(k.session_open(&p, SessionOpen::default()))
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let req = request(&session, 42.0, None);
+
+    // Percentiles first, from plain loops.
+    let mut samples = Vec::with_capacity(200_000);
+    for _ in 0..200_000 {
+        let t = Instant::now();
+        let r = k.preflight(&p, &req).expect("preflight");
+        samples.push(t.elapsed().as_nanos());
+        assert!(r.is_none());
+    }
+    let (p50, p99, p999) = percentiles(samples);
+    println!("FIGURE admission_preflight_us p50={p50:.2} p99={p99:.2} p999={p999:.2}");
+
+    let mut samples = Vec::with_capacity(50_000);
+    let mut n = 0u64;
+    for _ in 0..50_000 {
+        n += 1;
+        let r = request(&session, 20.0 + (n % 50) as f64, None);
+        let t = Instant::now();
+        let receipt = rt.block_on(k.command(&p, r)).expect("command");
+        samples.push(t.elapsed().as_nanos());
+        assert_eq!(receipt["status"], "completed");
+    }
+    let (p50, p99, p999) = percentiles(samples);
+    println!("FIGURE command_memory_store_us p50={p50:.2} p99={p99:.2} p999={p999:.2}");
+
+    let mut g = c.benchmark_group("admission");
+    g.bench_function("preflight", |b| b.iter(|| k.preflight(&p, &req)));
+    g.finish();
+    let mut g = c.benchmark_group("command");
+    g.bench_function("memory_store", |b| {
+        b.iter(|| {
+            n += 1;
+            rt.block_on(k.command(&p, request(&session, 20.0 + (n % 50) as f64, None)))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

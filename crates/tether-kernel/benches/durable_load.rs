@@ -1,0 +1,119 @@
+//! Load benchmark: governed commands with durable evidence (SQLite, WAL,
+//! synchronous=FULL, group commit) from 64 concurrent callers in process, and
+//! the e-stop latency measured while that load runs.
+//!
+//! Run: `cargo bench -p tether-kernel --bench durable_load` (optionally
+//! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines for the docs.
+
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tether_kernel::{
+    CommandRequest, EstopRequest, Kernel, KernelConfig, Principal, ResetRequest, SessionOpen,
+};
+use tether_store::SqliteStore;
+
+fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let callers = args.first().copied().unwrap_or(64);
+    let per_caller = args.get(1).copied().unwrap_or(1500);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    let store = SqliteStore::open(dir.path()).expect("store");
+    let k = Kernel::new(
+        KernelConfig::standard("load"),
+        cell,
+        drivers,
+        Arc::new(store),
+    )
+    .expect("kernel");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let p = Principal::local_agent();
+    let session = rt
+        .block_on(k.session_open(&p, SessionOpen::default()))
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+
+    let started = Instant::now();
+    let (completed, estop_ms) = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for c in 0..callers {
+            let k = k.clone();
+            let p = p.clone();
+            let session = session.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0u64;
+                for i in 0..per_caller {
+                    let req = CommandRequest {
+                        session_id: Some(session.clone()),
+                        device_id: "thermostat-1".into(),
+                        capability_id: "cap.thermal.setpoint.v1".into(),
+                        resource: None,
+                        input: json!({"target_temperature": 20.0 + ((c + i) % 60) as f64}),
+                        command_id: None,
+                        deadline: None,
+                        expected_revision: None,
+                    };
+                    if let Ok(r) = k.command(&p, req).await {
+                        if r["status"] == "completed" {
+                            ok += 1;
+                        }
+                    }
+                }
+                ok
+            }));
+        }
+        // E-stops of relay-1 (not under load itself) while the load runs.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut estop_ms = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            let r = k
+                .estop(EstopRequest {
+                    device_ids: vec!["relay-1".into()],
+                    reason: "bench".into(),
+                    ..EstopRequest::default()
+                })
+                .await;
+            estop_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(r["status"], "completed");
+            let _ = k
+                .reset(
+                    &p,
+                    ResetRequest {
+                        session_id: None,
+                        device_id: "relay-1".into(),
+                        reason: "bench".into(),
+                    },
+                )
+                .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap_or(0);
+        }
+        (total, estop_ms)
+    });
+    let secs = started.elapsed().as_secs_f64();
+    let mut e = estop_ms.clone();
+    e.sort_by(f64::total_cmp);
+    println!("FIGURE durable_load callers={callers} commands={completed} seconds={secs:.2} commands_per_s={:.0}", completed as f64 / secs);
+    println!(
+        "FIGURE estop_under_load_ms p50={:.2} max={:.2} (n={})",
+        e[e.len() / 2],
+        e[e.len() - 1],
+        e.len()
+    );
+}

@@ -1,0 +1,1516 @@
+//! The evaluation order (DESIGN §3) for writes, actions and reads.
+//!
+//! `Kernel::command` holds the branching; each step is a small helper that
+//! returns a verdict. A refusal before dispatch leaves no side effect: the
+//! idempotency claim is dropped, budget reservations are released, no
+//! revision moves, and the rejected receipt is evidence but never the recorded
+//! outcome of its `command_id`.
+
+use crate::authorized::{Authorized, CallKind};
+use crate::driver::{CancelToken, InterlockState, Signal};
+use crate::idempotency::Begin;
+use crate::kernel::{DeviceRt, Kernel, Principal, RunningOp};
+use crate::loader::BindingSpec;
+use crate::session::{Session, SessionFault};
+use crate::{ApiError, CommandRequest, GrantRequest, ReadRequest, SessionOpen};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tether_core::catalogue::{self, Verb};
+use tether_core::ids::{self, CommandId};
+use tether_core::manifest::{Concurrency, Mode};
+use tether_core::receipt::now_ms;
+use tether_core::{Code, Receipt, Refusal, Status};
+use tether_store::{canonical, BudgetRow, Commit, EventDraft, ReceiptRow, RevisionRow};
+
+/// Most validation errors reported for one input.
+const SCHEMA_ERRORS_MAX: usize = 16;
+/// How long a cancelled call may take to return before its outcome is unknown.
+const CANCEL_GRACE: Duration = Duration::from_millis(1000);
+/// Longest session lifetime a client may ask for, ms.
+const SESSION_TTL_MS_MAX: u64 = 86_400_000;
+
+/// Everything the steps after binding resolution need to know.
+pub(crate) struct Ctx {
+    pub device: usize,
+    pub binding: usize,
+    pub command_id: String,
+    pub digest: String,
+    /// Idempotency key: the binding and the input digest, so one id can
+    /// never replay another binding's receipt.
+    pub key: String,
+    pub input: Value,
+    pub principal: Principal,
+    pub session_id: Option<String>,
+    pub accepted_at_ms: u64,
+    pub t0: Instant,
+    pub deadline: Instant,
+    pub expected_revision: Option<u64>,
+}
+
+enum Resolve {
+    Found(usize),
+    Unknown,
+    NotBound(Vec<String>),
+    ResourceRequired(Vec<String>),
+}
+
+/// What admission hands to dispatch.
+struct Admitted {
+    reservations: Vec<BudgetRow>,
+}
+
+fn session_error(fault: SessionFault, sid: &str) -> ApiError {
+    match fault {
+        SessionFault::Unknown => ApiError::new(
+            Code::SessionUnknown,
+            format!("no live session `{sid}` for this caller; open one with mhs.session.open"),
+            json!({"session_id": sid}),
+        ),
+        SessionFault::Expired => ApiError::new(
+            Code::SessionExpired,
+            format!("session `{sid}` expired or was closed"),
+            json!({"session_id": sid}),
+        ),
+        SessionFault::Full => ApiError::new(
+            Code::ProtocolInternal,
+            "too many live sessions; close some first",
+            json!({"reason": "sessions_full"}),
+        ),
+    }
+}
+
+impl Kernel {
+    // ----- sessions -------------------------------------------------------
+
+    /// `mhs.session.open`.
+    ///
+    /// # Errors
+    /// Unknown devices, ungrantable capabilities, a full session table.
+    pub async fn session_open(&self, p: &Principal, req: SessionOpen) -> Result<Value, ApiError> {
+        let devices: Vec<usize> = match &req.device_ids {
+            Some(ids) => ids
+                .iter()
+                .map(|id| {
+                    self.device_index(id).ok_or_else(|| {
+                        self.device(id).err().unwrap_or_else(|| {
+                            ApiError::invalid_params("device_ids", "unknown device")
+                        })
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            None => (0..self.inner.devices.len()).collect(),
+        };
+        let mut grants = std::collections::BTreeSet::new();
+        for &d in &devices {
+            let dev = &self.inner.devices[d];
+            for (bi, b) in dev.spec.bindings.iter().enumerate() {
+                let wanted = match &req.capabilities {
+                    None => true,
+                    Some(list) => list.iter().any(|g| match g {
+                        GrantRequest::Class(k) => catalogue::key_matches(k, &b.capability_id),
+                        GrantRequest::Binding {
+                            capability_id,
+                            resource,
+                        } => capability_id == &b.capability_id && resource == &b.resource,
+                    }),
+                };
+                if wanted {
+                    grants.insert((d, bi));
+                }
+            }
+        }
+        if let Some(list) = &req.capabilities {
+            for g in list {
+                if let GrantRequest::Binding {
+                    capability_id,
+                    resource,
+                } = g
+                {
+                    let found = grants.iter().any(|&(d, bi)| {
+                        let b = &self.inner.devices[d].spec.bindings[bi];
+                        &b.capability_id == capability_id && &b.resource == resource
+                    });
+                    if !found {
+                        return Err(ApiError::new(
+                            Code::CapabilityNotBound,
+                            format!("`{capability_id}` is not bound to resource `{resource}` on the requested devices"),
+                            json!({"capability_id": capability_id, "resource": resource}),
+                        ));
+                    }
+                }
+            }
+        }
+        let ttl_ms = req.ttl_ms.unwrap_or(self.inner.config.session_ttl_ms);
+        if ttl_ms == 0 || ttl_ms > SESSION_TTL_MS_MAX {
+            return Err(ApiError::invalid_params(
+                "ttl_ms",
+                "ttl_ms must be between 1 and 86400000",
+            ));
+        }
+        let now = now_ms();
+        let session = Session {
+            id: ids::mint_secret("mhs_s_"),
+            principal: p.clone(),
+            grants,
+            ttl_ms,
+            expires_at_ms: now.saturating_add(ttl_ms),
+            closed: false,
+        };
+        let granted: Vec<Value> = session
+            .grants
+            .iter()
+            .map(|&(d, bi)| {
+                let dev = &self.inner.devices[d];
+                let b = &dev.spec.bindings[bi];
+                json!({"device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "verb": b.verb.as_str()})
+            })
+            .collect();
+        let answer = json!({
+            "session_id": session.id,
+            "principal": p.to_json(),
+            "granted": granted,
+            "ttl_ms": ttl_ms,
+            "expires_at_ms": session.expires_at_ms,
+            "heartbeat_ms": ttl_ms / 3,
+        });
+        let sid = session.id.clone();
+        self.sessions_lock()?
+            .open(session, now)
+            .map_err(|f| session_error(f, &sid))?;
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "session.open".into(),
+                body: json!({"session_id": sid, "principal": p.to_json(), "grants": answer["granted"].as_array().map_or(0, Vec::len), "ttl_ms": ttl_ms}),
+            }],
+            ..Commit::default()
+        });
+        Ok(answer)
+    }
+
+    /// `mhs.session.heartbeat`.
+    ///
+    /// # Errors
+    /// Unknown or expired session.
+    pub fn session_heartbeat(&self, p: &Principal, sid: &str) -> Result<Value, ApiError> {
+        let expires = self
+            .sessions_lock()?
+            .heartbeat(sid, p, now_ms())
+            .map_err(|f| session_error(f, sid))?;
+        Ok(json!({"session_id": sid, "expires_at_ms": expires}))
+    }
+
+    /// `mhs.session.close`: ends the session and cancels its running operations.
+    ///
+    /// # Errors
+    /// Unknown or expired session.
+    pub async fn session_close(&self, p: &Principal, sid: &str) -> Result<Value, ApiError> {
+        self.sessions_lock()?
+            .close(sid, p, now_ms())
+            .map_err(|f| session_error(f, sid))?;
+        let cancelled = self.cancel_session_ops(sid);
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "session.close".into(),
+                body: json!({"session_id": sid, "principal": p.to_json(), "cancelled_operations": cancelled}),
+            }],
+            ..Commit::default()
+        });
+        Ok(json!({"session_id": sid, "closed": true, "cancelled_operations": cancelled}))
+    }
+
+    fn cancel_session_ops(&self, sid: &str) -> Vec<String> {
+        let Ok(ops) = self.inner.ops.lock() else {
+            return Vec::new();
+        };
+        ops.iter()
+            .filter(|(_, op)| op.session_id.as_deref() == Some(sid) && !op.stop_class)
+            .map(|(id, op)| {
+                op.cancel.cancel();
+                id.clone()
+            })
+            .collect()
+    }
+
+    fn sessions_lock(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, crate::session::Sessions>, ApiError> {
+        self.inner.sessions.lock().map_err(|_| {
+            ApiError::new(
+                Code::ProtocolInternal,
+                "session table unavailable",
+                json!({}),
+            )
+        })
+    }
+
+    /// Step 2: the session is live, owned by the caller, and grants the binding.
+    fn check_grant(
+        &self,
+        p: &Principal,
+        sid: Option<&str>,
+        grant: impl Fn(&Session) -> bool,
+        what: Value,
+    ) -> Result<String, ApiError> {
+        let Some(sid) = sid else {
+            return Err(ApiError::new(
+                Code::SessionUnknown,
+                "session_id is required; open a session with mhs.session.open",
+                json!({"reason": "missing"}),
+            ));
+        };
+        let sessions = self.sessions_lock()?;
+        let s = sessions
+            .get(sid, p, now_ms())
+            .map_err(|f| session_error(f, sid))?;
+        if !grant(s) {
+            return Err(ApiError::new(
+                Code::SessionCapabilityNotGranted,
+                "the session was not granted this binding",
+                what,
+            ));
+        }
+        Ok(sid.to_owned())
+    }
+
+    // ----- reads ----------------------------------------------------------
+
+    /// `mhs.resource.read`: `{revision, state, state_hash, sampled_at}`.
+    ///
+    /// # Errors
+    /// Session, device or resource errors; a driver that cannot read.
+    pub async fn read(&self, p: &Principal, req: ReadRequest) -> Result<Value, ApiError> {
+        let d = self
+            .device_index(&req.device_id)
+            .ok_or_else(|| self.unknown_device(&req.device_id))?;
+        let dev = &self.inner.devices[d];
+        if !dev
+            .spec
+            .manifest
+            .resources
+            .iter()
+            .any(|r| r.id == req.resource)
+        {
+            return Err(ApiError::new(
+                Code::ResourceUnknown,
+                format!(
+                    "device `{}` has no resource `{}`",
+                    req.device_id, req.resource
+                ),
+                json!({"resource": req.resource, "resources": dev.spec.manifest.resources.iter().map(|r| r.id.clone()).collect::<Vec<_>>()}),
+            ));
+        }
+        let sid = self.check_grant(
+            p,
+            req.session_id.as_deref(),
+            |s| {
+                s.grants
+                    .iter()
+                    .any(|&(gd, gb)| gd == d && dev.spec.bindings[gb].resource == req.resource)
+            },
+            json!({"device_id": req.device_id, "resource": req.resource}),
+        )?;
+        let auth = Authorized::mint(
+            dev.id(),
+            catalogue::STATE_READ,
+            &req.resource,
+            "read",
+            Value::Null,
+            "",
+            CallKind::Read,
+            None,
+        );
+        let revision = dev.revision(&req.resource);
+        let state = dev.driver.read(&auth).map_err(|s| {
+            ApiError::new(
+                Code::DeviceUnavailable,
+                format!("the driver could not read: {}", signal_text(&s)),
+                json!({"reason": "read_failed"}),
+            )
+        })?;
+        let state_hash = canonical::digest(&state);
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "resource.read".into(),
+                body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "revision": revision, "state_hash": state_hash, "decision": "allow"}),
+            }],
+            ..Commit::default()
+        });
+        Ok(json!({
+            "device_id": req.device_id,
+            "resource": req.resource,
+            "revision": revision,
+            "state": state,
+            "state_hash": state_hash,
+            "sampled_at": now_ms(),
+            "mode": dev.spec.manifest.mode.as_str(),
+        }))
+    }
+
+    pub(crate) fn unknown_device(&self, id: &str) -> ApiError {
+        self.device(id)
+            .err()
+            .unwrap_or_else(|| ApiError::new(Code::DeviceUnknown, "unknown device", json!({})))
+    }
+
+    // ----- writes ---------------------------------------------------------
+
+    /// `mhs.resource.write`: a command of the resource's configure binding.
+    ///
+    /// # Errors
+    /// Session errors; `NOT_WRITABLE` when the resource has no configure binding
+    /// or another class is named.
+    pub async fn write(&self, p: &Principal, mut req: CommandRequest) -> Result<Value, ApiError> {
+        let dev = self.device(&req.device_id)?;
+        let resource = req
+            .resource
+            .clone()
+            .ok_or_else(|| ApiError::invalid_params("resource_required", "resource is required"))?;
+        if !dev.spec.manifest.resources.iter().any(|r| r.id == resource) {
+            return Err(ApiError::new(
+                Code::ResourceUnknown,
+                format!("device `{}` has no resource `{resource}`", req.device_id),
+                json!({"resource": resource}),
+            ));
+        }
+        if !req.capability_id.is_empty() && req.capability_id != catalogue::CONFIGURE {
+            return Err(ApiError::new(
+                Code::ResourceNotWritable,
+                "mhs.resource.write always uses cap.device.configure.v1",
+                json!({"reason": "write_class_not_configure", "capability_id": req.capability_id}),
+            ));
+        }
+        let bound = dev
+            .spec
+            .bindings
+            .iter()
+            .any(|b| b.capability_id == catalogue::CONFIGURE && b.resource == resource);
+        if !bound {
+            return Err(ApiError::new(
+                Code::ResourceNotWritable,
+                format!("resource `{resource}` has no cap.device.configure.v1 binding"),
+                json!({"reason": "configure_unbound", "resource": resource}),
+            ));
+        }
+        req.capability_id = catalogue::CONFIGURE.to_owned();
+        self.command(p, req).await
+    }
+
+    // ----- commands -------------------------------------------------------
+
+    /// `mhs.command`: the whole evaluation order; answers a receipt, also when
+    /// refused.
+    ///
+    /// # Errors
+    /// Protocol-level refusals only (session, device, params); every refusal
+    /// inside the order is a rejected receipt.
+    pub async fn command(&self, p: &Principal, req: CommandRequest) -> Result<Value, ApiError> {
+        let t0 = Instant::now();
+        let accepted_at_ms = now_ms();
+        let command_id = match &req.command_id {
+            Some(raw) => CommandId::parse(raw)
+                .map_err(|e| {
+                    ApiError::new(
+                        Code::ProtocolInvalidParams,
+                        format!("command_id: {e}"),
+                        json!({"reason": "command_id_invalid"}),
+                    )
+                })?
+                .as_str()
+                .to_owned(),
+            None => CommandId::mint().as_str().to_owned(),
+        };
+        let d = self
+            .device_index(&req.device_id)
+            .ok_or_else(|| self.unknown_device(&req.device_id))?;
+        let dev = &self.inner.devices[d];
+        // Step 2a: a live session of the caller (grant checked after resolution).
+        self.check_grant(p, req.session_id.as_deref(), |_| true, json!({}))?;
+        let digest = canonical::digest(&req.input);
+        let deadline = t0
+            + req
+                .deadline
+                .unwrap_or(Duration::from_millis(self.inner.config.default_deadline_ms));
+        let early = |code: Code, message: String, details: Value| {
+            Ctx {
+                device: d,
+                binding: usize::MAX,
+                command_id: command_id.clone(),
+                digest: digest.clone(),
+                key: String::new(),
+                input: Value::Null,
+                principal: p.clone(),
+                session_id: req.session_id.clone(),
+                accepted_at_ms,
+                t0,
+                deadline,
+                expected_revision: None,
+            }
+            .pre_binding_refusal(code, message, details, &req)
+        };
+        // Step 3: binding resolution.
+        let bi = match resolve(dev, &req.capability_id, req.resource.as_deref()) {
+            Resolve::Found(bi) => bi,
+            Resolve::Unknown => {
+                let (ctx, refusal, cap, res) = early(
+                    Code::CapabilityUnknown,
+                    format!(
+                        "`{}` is not bound on device `{}`",
+                        req.capability_id, req.device_id
+                    ),
+                    json!({"capability_id": req.capability_id, "bound": dev.spec.bindings.iter().map(|b| b.capability_id.clone()).collect::<Vec<_>>()}),
+                );
+                return Ok(self.reject(&ctx, &cap, res.as_deref(), refusal).await);
+            }
+            Resolve::NotBound(bound) => {
+                let (ctx, refusal, cap, res) = early(
+                    Code::CapabilityNotBound,
+                    format!(
+                        "`{}` is not bound to resource `{}`",
+                        req.capability_id,
+                        req.resource.clone().unwrap_or_default()
+                    ),
+                    json!({"bound_resources": bound}),
+                );
+                return Ok(self.reject(&ctx, &cap, res.as_deref(), refusal).await);
+            }
+            Resolve::ResourceRequired(resources) => {
+                return Err(ApiError::new(
+                    Code::ProtocolInvalidParams,
+                    format!(
+                        "`{}` is bound to several resources; name one",
+                        req.capability_id
+                    ),
+                    json!({"reason": "resource_required", "resources": resources}),
+                ))
+            }
+        };
+        let (b, _) = dev.binding(bi);
+        // Step 2b: the resolved binding is granted.
+        let sid = self.check_grant(
+            p,
+            req.session_id.as_deref(),
+            |s| s.grants.contains(&(d, bi)),
+            json!({"device_id": req.device_id, "capability_id": b.capability_id, "resource": b.resource}),
+        )?;
+        if b.catalogued && b.capability_id == catalogue::ESTOP {
+            let reason = req
+                .input
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("e-stop command")
+                .to_owned();
+            return Ok(self
+                .estop_devices(vec![d], &reason, Some(p.clone()), None, Some(&command_id))
+                .await);
+        }
+        let ctx = Ctx {
+            device: d,
+            binding: bi,
+            command_id,
+            key: format!("{}/{}/{}/{}", dev.id(), b.capability_id, b.resource, digest),
+            digest,
+            input: req.input,
+            principal: p.clone(),
+            session_id: Some(sid),
+            accepted_at_ms,
+            t0,
+            deadline,
+            expected_revision: req.expected_revision,
+        };
+        // Step 4: idempotency.
+        match self.begin_idempotent(&ctx.command_id, &ctx.key) {
+            Ok(None) => {}
+            Ok(Some(replay)) => return Ok(replay),
+            Err(reason) => {
+                let refusal = Refusal::new(
+                    Code::ConflictCommandIdReuse,
+                    format!(
+                        "command_id `{}` was already used ({reason})",
+                        ctx.command_id
+                    ),
+                    json!({"reason": reason, "command_id": ctx.command_id}),
+                );
+                return Ok(self.reject_binding(&ctx, refusal).await);
+            }
+        }
+        match self.admit(&ctx) {
+            Ok(admitted) => self.dispatch(ctx, admitted).await,
+            Err(refusal) => {
+                self.abort_idempotent(&ctx.command_id);
+                Ok(self.reject_binding(&ctx, refusal).await)
+            }
+        }
+    }
+
+    /// A dry run of steps 2 to 11 for one command: the same checks
+    /// `command` makes before the device lock, with no side effect at all (no
+    /// idempotency claim, no evidence, budget reservations released at once,
+    /// no dispatch). Used by benchmarks and by clients that want to know
+    /// whether a command would be admitted right now.
+    ///
+    /// # Errors
+    /// The protocol-level refusals of `command`; a refusal inside the order is
+    /// `Ok(Some(refusal))`.
+    pub fn preflight(
+        &self,
+        p: &Principal,
+        req: &CommandRequest,
+    ) -> Result<Option<Refusal>, ApiError> {
+        let d = self
+            .device_index(&req.device_id)
+            .ok_or_else(|| self.unknown_device(&req.device_id))?;
+        let dev = &self.inner.devices[d];
+        let bi = match resolve(dev, &req.capability_id, req.resource.as_deref()) {
+            Resolve::Found(bi) => bi,
+            Resolve::Unknown => {
+                return Ok(Some(Refusal::bare(
+                    Code::CapabilityUnknown,
+                    "capability not bound",
+                )))
+            }
+            Resolve::NotBound(r) => {
+                return Ok(Some(Refusal::new(
+                    Code::CapabilityNotBound,
+                    "capability not bound to that resource",
+                    json!({"bound_resources": r}),
+                )))
+            }
+            Resolve::ResourceRequired(r) => {
+                return Err(ApiError::new(
+                    Code::ProtocolInvalidParams,
+                    "resource required",
+                    json!({"reason": "resource_required", "resources": r}),
+                ))
+            }
+        };
+        let sid = self.check_grant(
+            p,
+            req.session_id.as_deref(),
+            |s| s.grants.contains(&(d, bi)),
+            json!({}),
+        )?;
+        let now = Instant::now();
+        let ctx = Ctx {
+            device: d,
+            binding: bi,
+            command_id: "preflight".into(),
+            digest: String::new(),
+            key: String::new(),
+            input: req.input.clone(),
+            principal: p.clone(),
+            session_id: Some(sid),
+            accepted_at_ms: 0,
+            t0: now,
+            deadline: now,
+            expected_revision: req.expected_revision,
+        };
+        match self.admit(&ctx) {
+            Ok(admitted) => {
+                self.release_budgets(&admitted.reservations);
+                Ok(None)
+            }
+            Err(r) => Ok(Some(r)),
+        }
+    }
+
+    fn begin_idempotent(
+        &self,
+        command_id: &str,
+        digest: &str,
+    ) -> Result<Option<Value>, &'static str> {
+        let begin = match self.inner.idem.lock() {
+            Ok(mut ix) => ix.begin(command_id, digest),
+            Err(_) => return Err("index_unavailable"),
+        };
+        match begin {
+            Begin::Fresh => Ok(None),
+            Begin::Replay(r) => Ok(Some(replayed(r))),
+            Begin::Reuse(reason) => Err(reason),
+            Begin::Unknown => match self.inner.store.receipt(command_id) {
+                Ok(Some(row)) if row.input_digest == digest => Ok(Some(replayed(row.receipt))),
+                Ok(Some(_)) => Err("input_differs"),
+                Ok(None) => match self.inner.idem.lock() {
+                    Ok(mut ix) => {
+                        if ix.claim(command_id, digest) {
+                            Ok(None)
+                        } else {
+                            Err("in_flight")
+                        }
+                    }
+                    Err(_) => Err("index_unavailable"),
+                },
+                // A check that cannot be evaluated refuses.
+                Err(_) => Err("store_unavailable"),
+            },
+        }
+    }
+
+    fn abort_idempotent(&self, command_id: &str) {
+        if let Ok(mut ix) = self.inner.idem.lock() {
+            ix.abort(command_id);
+        }
+    }
+
+    /// Steps 5 to 11. Pure checks plus the budget reservation (released by
+    /// the caller on any later refusal).
+    fn admit(&self, ctx: &Ctx) -> Result<Admitted, Refusal> {
+        let dev = &self.inner.devices[ctx.device];
+        let (b, rt) = dev.binding(ctx.binding);
+        // Step 5: latch.
+        if Kernel::is_effectful(b) && dev.latched.load(Ordering::SeqCst) {
+            return Err(latched_refusal(dev));
+        }
+        // Step 6: mode.
+        if dev.spec.manifest.mode == Mode::Replay && !b.is_read() {
+            return Err(Refusal::new(
+                Code::ModeReadOnly,
+                "a replay device accepts no commands",
+                json!({"mode": "replay"}),
+            ));
+        }
+        // Step 7: structure (configure field rules first).
+        if b.catalogued && b.capability_id == catalogue::CONFIGURE {
+            check_configure_fields(dev, &b.resource, &ctx.input)?;
+        }
+        check_schema(&rt.structure, rt.class_structure.as_ref(), &ctx.input)?;
+        // Step 8: limits on every element and leaf, then unset operator bounds.
+        if let Err(v) = b.limits.check(&ctx.input) {
+            let first = &v.first;
+            return Err(Refusal::new(
+                Code::SafetyEnvelopeViolation,
+                format!(
+                    "{} = {} violates {} bound {}{} (source: {})",
+                    first.path,
+                    first.value,
+                    first.kind.as_str(),
+                    first.bound,
+                    first
+                        .unit
+                        .as_deref()
+                        .map(|u| format!(" {u}"))
+                        .unwrap_or_default(),
+                    first.source
+                ),
+                v.to_details(),
+            ));
+        }
+        if !b.is_stop() && !b.is_read() {
+            let unset = b.limits.unset_paths(&ctx.input);
+            if !unset.is_empty() {
+                return Err(Refusal::new(
+                    Code::SafetyLimitsUnset,
+                    "the input sets a value whose bound is operator_required and no operator overlay filled it",
+                    json!({"paths": unset, "reason": "operator_required"}),
+                ));
+            }
+        }
+        // Step 9: remaining schema bounds.
+        check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?;
+        // Step 10: policy (allow until the policy layer lands), permits, budgets.
+        let reservations = if Kernel::is_effectful(b) {
+            self.reserve_budgets(ctx, b)?
+        } else {
+            Vec::new()
+        };
+        // Step 11: interlocks.
+        if let Err(r) = check_interlocks(dev, b) {
+            self.release_budgets(&reservations);
+            return Err(r);
+        }
+        Ok(Admitted { reservations })
+    }
+
+    fn reserve_budgets(&self, ctx: &Ctx, b: &BindingSpec) -> Result<Vec<BudgetRow>, Refusal> {
+        let rules = b.limits.budgets();
+        if rules.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dev = &self.inner.devices[ctx.device];
+        let now = now_ms();
+        let mut ledger =
+            self.inner.budgets.lock().map_err(|_| {
+                Refusal::bare(Code::SafetyCumulativeLimit, "budget ledger unavailable")
+            })?;
+        let mut rows = Vec::new();
+        for (i, rule) in rules.iter().enumerate() {
+            let amount = b.limits.draw_amount(&ctx.input, rule).map_err(|e| {
+                Refusal::new(
+                    Code::SafetyEnvelopeViolation,
+                    format!("budget path: {e}"),
+                    json!({"kind": "type", "limit_path": rule.path.to_string()}),
+                )
+            })?;
+            if amount == 0.0 {
+                continue;
+            }
+            let mut key = format!(
+                "{}/{}/{}/{}",
+                dev.id(),
+                b.capability_id,
+                rule.path,
+                rule.window.as_str()
+            );
+            if rule.window == tether_limits::budget::Window::Session {
+                key.push('/');
+                key.push_str(ctx.session_id.as_deref().unwrap_or("-"));
+            }
+            let reservation_id = format!("{}#{i}", ctx.command_id);
+            if let Err(ex) =
+                ledger.try_reserve(&key, rule.window, rule.limit, amount, now, &reservation_id)
+            {
+                for r in &rows {
+                    let r: &BudgetRow = r;
+                    ledger.release(&r.reservation_id);
+                }
+                let (used, limit) = match &ex {
+                    tether_limits::budget::BudgetError::Exceeded { used, limit, .. } => {
+                        (*used, *limit)
+                    }
+                    _ => (f64::NAN, rule.limit),
+                };
+                let used = if used.is_finite() {
+                    json!(used)
+                } else {
+                    Value::Null
+                };
+                return Err(Refusal::new(
+                    Code::SafetyCumulativeLimit,
+                    format!(
+                        "cumulative budget of {} over {} would be exceeded",
+                        rule.path,
+                        rule.window.as_str()
+                    ),
+                    json!({"used": used, "limit": limit, "requested": amount, "window": rule.window.as_str(), "limit_path": rule.path.to_string(), "unit": rule.unit}),
+                ));
+            }
+            rows.push(BudgetRow {
+                key,
+                reservation_id,
+                amount,
+                ts_ms: now,
+                released: false,
+            });
+        }
+        Ok(rows)
+    }
+
+    fn release_budgets(&self, rows: &[BudgetRow]) {
+        if rows.is_empty() {
+            return;
+        }
+        if let Ok(mut ledger) = self.inner.budgets.lock() {
+            for r in rows {
+                ledger.release(&r.reservation_id);
+            }
+        }
+    }
+
+    /// Step 12: lock, revision, durable admission evidence, dispatch, output
+    /// validation, receipt.
+    async fn dispatch(&self, ctx: Ctx, admitted: Admitted) -> Result<Value, ApiError> {
+        let dev = &self.inner.devices[ctx.device];
+        let (b, _) = dev.binding(ctx.binding);
+        let _guard = match Kernel::concurrency(b) {
+            Concurrency::Shared => None,
+            Concurrency::Exclusive => match dev.lock.try_lock() {
+                Ok(g) => Some(g),
+                Err(_) => {
+                    return Ok(self
+                        .refuse_admitted(
+                            &ctx,
+                            &admitted.reservations,
+                            Refusal::new(
+                                Code::DeviceBusy,
+                                format!(
+                                    "device `{}` is busy with an exclusive operation",
+                                    dev.id()
+                                ),
+                                json!({"concurrency": "exclusive"}),
+                            ),
+                        )
+                        .await)
+                }
+            },
+            Concurrency::Serialized => {
+                let wait = ctx.deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(wait, dev.lock.lock()).await {
+                    Ok(g) => Some(g),
+                    Err(_) => {
+                        return Ok(self
+                            .refuse_admitted(
+                                &ctx,
+                                &admitted.reservations,
+                                timeout_refusal("deadline_exceeded_waiting_for_device_lock"),
+                            )
+                            .await)
+                    }
+                }
+            }
+        };
+        let before = dev.revision(&b.resource);
+        if let Some(expected) = ctx.expected_revision {
+            if expected != before {
+                return Ok(self
+                    .refuse_admitted(
+                        &ctx,
+                        &admitted.reservations,
+                        Refusal::new(
+                            Code::ConflictRevision,
+                            format!("expected revision {expected}, live revision is {before}"),
+                            json!({"expected_revision": expected, "revision": before}),
+                        ),
+                    )
+                    .await);
+            }
+        }
+        if Instant::now() >= ctx.deadline {
+            return Ok(self
+                .refuse_admitted(
+                    &ctx,
+                    &admitted.reservations,
+                    timeout_refusal("deadline_exceeded_before_dispatch"),
+                )
+                .await);
+        }
+        let op_id = ids::mint("op_");
+        let cancel = CancelToken::new();
+        if let Err(r) = self.register_op(&ctx, b, &op_id, &cancel) {
+            return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
+        }
+        if !b.is_read() {
+            let decision = Commit {
+                events: vec![EventDraft {
+                    kind: "command.admitted".into(),
+                    body: self.admitted_body(&ctx, b, &op_id),
+                }],
+                budget_draws: admitted.reservations.clone(),
+                ..Commit::default()
+            };
+            // A physical call, or one that draws a budget, waits until its
+            // admission is durable before dispatch (fail-closed evidence). A
+            // simulated call only queues it: the store writes in submission
+            // order, so the receipt that follows is never durable without it.
+            let must_be_durable =
+                dev.spec.manifest.mode.is_physical() || !admitted.reservations.is_empty();
+            let durable = if must_be_durable {
+                self.commit(decision).await.map(|_| ())
+            } else {
+                self.record(decision);
+                Ok(())
+            };
+            if let Err(e) = durable {
+                self.unregister_op(&op_id);
+                return Ok(self
+                    .refuse_admitted(
+                        &ctx,
+                        &admitted.reservations,
+                        Refusal::new(
+                            Code::EvidenceUnavailable,
+                            "the admission could not be made durable, so nothing was dispatched",
+                            json!({"reason": "started_not_durable", "store_error": e.to_string()}),
+                        ),
+                    )
+                    .await);
+            }
+        }
+        let auth = Authorized::mint(
+            dev.id(),
+            &b.capability_id,
+            &b.resource,
+            &b.target,
+            ctx.input.clone(),
+            &ctx.command_id,
+            if b.is_stop() {
+                CallKind::Stop
+            } else {
+                CallKind::Effect
+            },
+            Some(ctx.deadline),
+        );
+        if b.is_stop() {
+            // A stop cancels the running operations of its device first.
+            self.cancel_device_ops(ctx.device, "stop requested");
+        }
+        let result = self
+            .run_driver(dev, b, auth, cancel, &op_id, ctx.deadline)
+            .await;
+        self.finish(ctx, b, before, result, &op_id).await
+    }
+
+    async fn refuse_admitted(
+        &self,
+        ctx: &Ctx,
+        reservations: &[BudgetRow],
+        refusal: Refusal,
+    ) -> Value {
+        self.release_budgets(reservations);
+        self.abort_idempotent(&ctx.command_id);
+        self.reject_binding(ctx, refusal).await
+    }
+
+    fn register_op(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        op_id: &str,
+        cancel: &CancelToken,
+    ) -> Result<(), Refusal> {
+        let dev = &self.inner.devices[ctx.device];
+        let mut ops =
+            self.inner.ops.lock().map_err(|_| {
+                Refusal::bare(Code::ProtocolInternal, "operation table unavailable")
+            })?;
+        // The latch is checked again atomically with registration, so a command
+        // that passed step 5 before an e-stop never runs after it.
+        if Kernel::is_effectful(b) && dev.latched.load(Ordering::SeqCst) {
+            return Err(latched_refusal(dev));
+        }
+        ops.insert(
+            op_id.to_owned(),
+            RunningOp {
+                device: ctx.device,
+                capability_id: b.capability_id.clone(),
+                cancel: cancel.clone(),
+                stop_class: !Kernel::is_effectful(b),
+                session_id: ctx.session_id.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    pub(crate) fn unregister_op(&self, op_id: &str) {
+        if let Ok(mut ops) = self.inner.ops.lock() {
+            ops.remove(op_id);
+        }
+    }
+
+    pub(crate) fn cancel_device_ops(&self, device: usize, _why: &str) -> Vec<String> {
+        let Ok(ops) = self.inner.ops.lock() else {
+            return Vec::new();
+        };
+        ops.iter()
+            .filter(|(_, op)| op.device == device && !op.stop_class)
+            .map(|(id, op)| {
+                op.cancel.cancel();
+                id.clone()
+            })
+            .collect()
+    }
+
+    fn admitted_body(&self, ctx: &Ctx, b: &BindingSpec, op_id: &str) -> Value {
+        let dev = &self.inner.devices[ctx.device];
+        json!({
+            "command_id": ctx.command_id,
+            "operation_id": op_id,
+            "device_id": dev.id(),
+            "capability_id": b.capability_id,
+            "resource": b.resource,
+            "input_digest": ctx.digest,
+            "principal": ctx.principal.to_json(),
+            "session_id": ctx.session_id,
+            "decision": "allow",
+            "risk": b.risk.as_str(),
+            "mode": dev.spec.manifest.mode.as_str(),
+        })
+    }
+
+    /// Runs the driver call in its own task so a call that ignores
+    /// cancellation can be left behind (its outcome unknown) without holding
+    /// the caller past its deadline.
+    async fn run_driver(
+        &self,
+        dev: &DeviceRt,
+        b: &BindingSpec,
+        auth: Authorized,
+        cancel: CancelToken,
+        op_id: &str,
+        deadline: Instant,
+    ) -> DriverOutcome {
+        if b.is_read() {
+            let out = dev
+                .driver
+                .read(&auth)
+                .map(|state| json!({"revision": dev.revision(&b.resource), "state": state}));
+            self.unregister_op(op_id);
+            return DriverOutcome::Returned(out);
+        }
+        let driver = dev.driver.clone();
+        let task_cancel = cancel.clone();
+        let kernel = self.clone();
+        let op = op_id.to_owned();
+        let mut handle = tokio::spawn(async move {
+            let r = driver.call(auth, task_cancel).await;
+            kernel.unregister_op(&op);
+            r
+        });
+        let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+        tokio::select! {
+            joined = &mut handle => DriverOutcome::Returned(joined.unwrap_or_else(|_| Err(Signal::Failed { reason: "driver_panicked".into(), message: "the driver task ended abnormally".into() }))),
+            () = sleep => {
+                cancel.cancel();
+                match tokio::time::timeout(CANCEL_GRACE, &mut handle).await {
+                    Ok(joined) => DriverOutcome::DeadlineCancelled(joined.unwrap_or(Err(Signal::Cancelled))),
+                    Err(_) => DriverOutcome::Abandoned,
+                }
+            }
+        }
+    }
+
+    async fn finish(
+        &self,
+        ctx: Ctx,
+        b: &BindingSpec,
+        before: u64,
+        outcome: DriverOutcome,
+        op_id: &str,
+    ) -> Result<Value, ApiError> {
+        let dev = &self.inner.devices[ctx.device];
+        let (_, rt) = dev.binding(ctx.binding);
+        // A configure command's output is built by the kernel ({applied, revision}),
+        // so the driver's own answer is not held to the class output schema.
+        let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
+        let (status, output, error) = classify(outcome, (!is_configure).then_some(&rt.output));
+        if status == Status::Rejected {
+            // The device refused before actuating: no side effect, like any refusal.
+            self.abort_idempotent(&ctx.command_id);
+            let refusal =
+                error.unwrap_or_else(|| Refusal::bare(Code::DeviceBusy, "the device refused"));
+            return Ok(self.reject_binding(&ctx, refusal).await);
+        }
+        let advances = !b.is_read();
+        let after = if advances {
+            dev.revisions
+                .get(&b.resource)
+                .map_or(before, |r| r.fetch_add(1, Ordering::SeqCst) + 1)
+        } else {
+            before
+        };
+        let mut output = output;
+        if is_configure && status == Status::Completed {
+            output = Some(json!({"applied": ctx.input, "revision": after}));
+        }
+        let mut receipt = self.receipt(
+            &ctx,
+            &b.capability_id,
+            Some(&b.resource),
+            status,
+            output,
+            error,
+        );
+        receipt.state_revision_before = Some(before);
+        receipt.state_revision_after = Some(after);
+        receipt.decision = Some("allow");
+        receipt.extra.insert("operation_id".into(), json!(op_id));
+        let wire = receipt.to_json();
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "command.receipt".into(),
+                body: json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id}),
+            }],
+            receipts: vec![ReceiptRow {
+                command_id: ctx.command_id.clone(),
+                input_digest: ctx.key.clone(),
+                receipt: wire.clone(),
+            }],
+            revisions: if advances {
+                vec![RevisionRow {
+                    device_id: dev.id().to_owned(),
+                    resource: b.resource.clone(),
+                    revision: after,
+                }]
+            } else {
+                Vec::new()
+            },
+            ..Commit::default()
+        };
+        let durable = self.commit(commit).await;
+        if let Ok(mut ix) = self.inner.idem.lock() {
+            ix.complete(&ctx.command_id, &ctx.key, wire.clone());
+        }
+        match durable {
+            Ok(_) => Ok(wire),
+            Err(e) => {
+                tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
+                let mut w = wire;
+                w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
+                Ok(w)
+            }
+        }
+    }
+
+    pub(crate) fn receipt(
+        &self,
+        ctx: &Ctx,
+        capability_id: &str,
+        resource: Option<&str>,
+        status: Status,
+        output: Option<Value>,
+        error: Option<Refusal>,
+    ) -> Receipt {
+        let dev = &self.inner.devices[ctx.device];
+        let mut extra = Map::new();
+        extra.insert(
+            "latency_us".into(),
+            json!(ctx.t0.elapsed().as_micros() as u64),
+        );
+        Receipt {
+            receipt_id: ids::mint("rcpt_"),
+            command_id: ctx.command_id.clone(),
+            device_id: dev.id().to_owned(),
+            capability_id: capability_id.to_owned(),
+            resource: resource.map(str::to_owned),
+            status,
+            output,
+            error,
+            input_digest: ctx.digest.clone(),
+            state_revision_before: None,
+            state_revision_after: None,
+            decision: None,
+            mode: dev.spec.manifest.mode.as_str(),
+            accepted_at_ms: ctx.accepted_at_ms,
+            completed_at_ms: now_ms(),
+            extra,
+        }
+    }
+
+    async fn reject_binding(&self, ctx: &Ctx, refusal: Refusal) -> Value {
+        let b = &self.inner.devices[ctx.device].spec.bindings[ctx.binding];
+        let (cap, res) = (b.capability_id.clone(), b.resource.clone());
+        let rev = self.inner.devices[ctx.device].revision(&res);
+        let mut v = self.reject(ctx, &cap, Some(&res), refusal).await;
+        v["state_revision_before"] = json!(rev);
+        v["state_revision_after"] = json!(rev);
+        v
+    }
+
+    /// A rejected receipt: evidence, never the recorded outcome of its id.
+    pub(crate) async fn reject(
+        &self,
+        ctx: &Ctx,
+        capability_id: &str,
+        resource: Option<&str>,
+        refusal: Refusal,
+    ) -> Value {
+        let receipt = self.receipt(
+            ctx,
+            capability_id,
+            resource,
+            Status::Rejected,
+            None,
+            Some(refusal),
+        );
+        let wire = receipt.to_json();
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "command.rejected".into(),
+                body: json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id}),
+            }],
+            ..Commit::default()
+        };
+        if let Err(e) = self.commit(commit).await {
+            tracing::warn!(error = %e, "rejection evidence could not be made durable");
+        }
+        wire
+    }
+}
+
+impl Ctx {
+    fn pre_binding_refusal(
+        self,
+        code: Code,
+        message: String,
+        details: Value,
+        req: &CommandRequest,
+    ) -> (Ctx, Refusal, String, Option<String>) {
+        (
+            self,
+            Refusal::new(code, message, details),
+            req.capability_id.clone(),
+            req.resource.clone(),
+        )
+    }
+}
+
+enum DriverOutcome {
+    Returned(Result<Value, Signal>),
+    DeadlineCancelled(Result<Value, Signal>),
+    Abandoned,
+}
+
+fn classify(
+    outcome: DriverOutcome,
+    output_schema: Option<&jsonschema::Validator>,
+) -> (Status, Option<Value>, Option<Refusal>) {
+    match outcome {
+        DriverOutcome::Returned(Ok(out)) | DriverOutcome::DeadlineCancelled(Ok(out)) => {
+            if output_schema.is_none_or(|v| v.is_valid(&out)) {
+                (Status::Completed, Some(out), None)
+            } else {
+                (Status::Failed, None, Some(Refusal::new(Code::AdapterOutputInvalid, "the driver output does not match the output schema", json!({"reason": "output_invalid"}))))
+            }
+        }
+        DriverOutcome::Returned(Err(s)) => signal_outcome(s),
+        DriverOutcome::DeadlineCancelled(Err(_)) => (Status::Failed, None, Some(Refusal::new(Code::OutcomeTimeout, "the deadline passed during the operation; it was cancelled", json!({"reason": "deadline_exceeded_during_dispatch"})))),
+        DriverOutcome::Abandoned => (Status::Unknown, None, Some(Refusal::new(Code::OutcomeUnknown, "the deadline passed and the driver did not confirm cancellation; read the device before acting again", json!({"reason": "deadline_exceeded_cancel_unconfirmed"})))),
+    }
+}
+
+fn signal_outcome(s: Signal) -> (Status, Option<Value>, Option<Refusal>) {
+    match s {
+        Signal::Cancelled => (
+            Status::Cancelled,
+            None,
+            Some(Refusal::new(
+                Code::OutcomeCancelled,
+                "the operation was cancelled",
+                json!({"reason": "cancelled"}),
+            )),
+        ),
+        Signal::Failed { reason, message } => (
+            Status::Failed,
+            None,
+            Some(Refusal::new(
+                Code::AdapterDriverFailed,
+                message,
+                json!({"reason": reason}),
+            )),
+        ),
+        Signal::Busy => (
+            Status::Rejected,
+            None,
+            Some(Refusal::new(
+                Code::DeviceBusy,
+                "the device refused the call; nothing was actuated",
+                json!({"reason": "driver_busy"}),
+            )),
+        ),
+        Signal::OutcomeUnknown { message } => (
+            Status::Unknown,
+            None,
+            Some(Refusal::new(
+                Code::OutcomeUnknown,
+                message,
+                json!({"reason": "driver_outcome_unknown"}),
+            )),
+        ),
+    }
+}
+
+fn signal_text(s: &Signal) -> String {
+    match s {
+        Signal::Cancelled => "cancelled".into(),
+        Signal::Failed { message, .. } => message.clone(),
+        Signal::Busy => "busy".into(),
+        Signal::OutcomeUnknown { message } => message.clone(),
+    }
+}
+
+fn replayed(mut r: Value) -> Value {
+    r["replayed"] = json!(true);
+    r
+}
+
+fn timeout_refusal(reason: &str) -> Refusal {
+    Refusal::new(
+        Code::OutcomeTimeout,
+        "the deadline passed before dispatch; nothing was dispatched",
+        json!({"reason": reason}),
+    )
+}
+
+pub(crate) fn latched_refusal(dev: &DeviceRt) -> Refusal {
+    let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
+    Refusal::new(
+        Code::SafetyEstopEngaged,
+        format!(
+            "device `{}` is latched by an e-stop; an operator must reset it",
+            dev.id()
+        ),
+        json!({"device_id": dev.id(), "latched_since_ms": info.since_ms, "latch_reason": info.reason}),
+    )
+}
+
+fn resolve(dev: &DeviceRt, capability_id: &str, resource: Option<&str>) -> Resolve {
+    let matches: Vec<(usize, &BindingSpec)> = dev
+        .spec
+        .bindings
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.capability_id == capability_id)
+        .collect();
+    if matches.is_empty() {
+        return Resolve::Unknown;
+    }
+    match resource {
+        Some(r) => matches.iter().find(|(_, b)| b.resource == r).map_or_else(
+            || Resolve::NotBound(matches.iter().map(|(_, b)| b.resource.clone()).collect()),
+            |(i, _)| Resolve::Found(*i),
+        ),
+        None if matches.len() == 1 => Resolve::Found(matches[0].0),
+        None => {
+            Resolve::ResourceRequired(matches.iter().map(|(_, b)| b.resource.clone()).collect())
+        }
+    }
+}
+
+fn check_schema(
+    served: &jsonschema::Validator,
+    class: Option<&jsonschema::Validator>,
+    input: &Value,
+) -> Result<(), Refusal> {
+    let mut errors = Vec::new();
+    for v in std::iter::once(served).chain(class) {
+        for e in v.iter_errors(input).take(SCHEMA_ERRORS_MAX) {
+            errors.push(json!({"path": e.instance_path.to_string(), "message": e.to_string()}));
+        }
+        if !errors.is_empty() {
+            break;
+        }
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let first = errors[0]["message"]
+        .as_str()
+        .unwrap_or("invalid")
+        .to_owned();
+    Err(Refusal::new(
+        Code::CapabilityInputInvalid,
+        format!("input does not match the served schema: {first}"),
+        json!({"errors": errors}),
+    ))
+}
+
+/// CORE-022: unknown keys are `FIELD_UNKNOWN`, readOnly keys `NOT_WRITABLE`,
+/// at any depth of the state schema.
+fn check_configure_fields(dev: &DeviceRt, resource: &str, patch: &Value) -> Result<(), Refusal> {
+    let Some(r) = dev
+        .spec
+        .manifest
+        .resources
+        .iter()
+        .find(|r| r.id == resource)
+    else {
+        return Err(Refusal::new(
+            Code::ResourceNotWritable,
+            "resource not declared",
+            json!({"reason": "resource_unknown"}),
+        ));
+    };
+    let Value::Object(patch) = patch else {
+        return Err(Refusal::new(
+            Code::CapabilityInputInvalid,
+            "a write patch must be a JSON object",
+            json!({"errors": [{"path": "", "message": "not an object"}]}),
+        ));
+    };
+    let mut unknown = Vec::new();
+    let mut readonly = Vec::new();
+    walk_fields(
+        &r.state_schema,
+        &r.state_schema,
+        patch,
+        "",
+        &mut unknown,
+        &mut readonly,
+        0,
+    );
+    if !unknown.is_empty() {
+        return Err(Refusal::new(
+            Code::ResourceFieldUnknown,
+            format!("unknown field(s): {}", unknown.join(", ")),
+            json!({"fields": unknown}),
+        ));
+    }
+    if !readonly.is_empty() {
+        return Err(Refusal::new(
+            Code::ResourceNotWritable,
+            format!("read-only field(s): {}", readonly.join(", ")),
+            json!({"fields": readonly, "reason": "read_only"}),
+        ));
+    }
+    Ok(())
+}
+
+fn deref<'a>(root: &'a Value, schema: &'a Value) -> Option<&'a Value> {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(r) => r.strip_prefix('#').and_then(|ptr| root.pointer(ptr)),
+        None => Some(schema),
+    }
+}
+
+fn walk_fields(
+    root: &Value,
+    schema: &Value,
+    patch: &Map<String, Value>,
+    prefix: &str,
+    unknown: &mut Vec<String>,
+    readonly: &mut Vec<String>,
+    depth: usize,
+) {
+    if depth > 16 {
+        return;
+    }
+    for (k, v) in patch {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        let prop = schema
+            .get("properties")
+            .and_then(|p| p.get(k))
+            .and_then(|p| deref(root, p));
+        match prop {
+            None => unknown.push(path),
+            Some(p) if p.get("readOnly") == Some(&Value::Bool(true)) => readonly.push(path),
+            Some(p) => {
+                if let Value::Object(inner) = v {
+                    if p.get("properties").is_some() {
+                        walk_fields(root, p, inner, &path, unknown, readonly, depth + 1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
+    let gating: Vec<usize> = dev
+        .spec
+        .manifest
+        .interlocks
+        .iter()
+        .enumerate()
+        .filter(|(_, il)| {
+            il.required_for.as_ref().is_some_and(|keys| {
+                keys.iter()
+                    .any(|k| catalogue::key_matches(k, &b.capability_id))
+            })
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if gating.is_empty() {
+        return Ok(());
+    }
+    let readings = dev.interlock_readings();
+    let open: Vec<Value> = readings
+        .iter()
+        .filter(|(i, s)| gating.contains(i) && *s != InterlockState::Closed)
+        .map(|(i, s)| json!({"id": dev.spec.manifest.interlocks[*i].id, "state": s.as_str(), "description": dev.spec.manifest.interlocks[*i].description}))
+        .collect();
+    if open.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        Code::SafetyInterlockOpen,
+        "a gating interlock is open or unknown",
+        json!({"interlocks": open}),
+    ))
+}
+
+#[allow(dead_code)]
+fn verb_name(v: Verb) -> &'static str {
+    v.as_str()
+}

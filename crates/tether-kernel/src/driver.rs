@@ -1,0 +1,119 @@
+//! The `Driver` trait: the seam between the kernel and devices.
+//!
+//! A driver translates; it never decides. It converts native units to the
+//! declared ones at its boundary, reports every non-success as a [`Signal`],
+//! observes cancellation, and returns promptly from `estop`. Every method that
+//! touches a device takes an [`Authorized`] witness only the kernel can mint.
+
+use crate::authorized::Authorized;
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// A boxed future, so the trait stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How a driver reports an outcome that is not a success.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Signal {
+    /// The call stopped because cancellation was requested.
+    Cancelled,
+    /// A failure the driver understands; nothing further happened.
+    Failed {
+        /// Short machine reason.
+        reason: String,
+        /// For people.
+        message: String,
+    },
+    /// Refused by the device; nothing actuated.
+    Busy,
+    /// The effect may have happened (for example a native timeout).
+    OutcomeUnknown {
+        /// For people.
+        message: String,
+    },
+}
+
+/// An interlock reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterlockState {
+    /// Closed: the gated capabilities may run.
+    Closed,
+    /// Open: they may not.
+    Open,
+    /// Unknown counts as open.
+    Unknown,
+}
+
+impl InterlockState {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterlockState::Closed => "closed",
+            InterlockState::Open => "open",
+            InterlockState::Unknown => "unknown",
+        }
+    }
+}
+
+/// Cooperative cancellation flag shared by the kernel and a running call.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken {
+    inner: Arc<CancelInner>,
+}
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    cancelled: AtomicBool,
+    notify: Notify,
+}
+
+impl CancelToken {
+    /// A fresh token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Requests cancellation; idempotent.
+    pub fn cancel(&self) {
+        self.inner.cancelled.store(true, Ordering::SeqCst);
+        self.inner.notify.notify_waiters();
+    }
+    /// Whether cancellation was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::SeqCst)
+    }
+    /// Resolves once cancellation is requested.
+    pub async fn cancelled(&self) {
+        loop {
+            let notified = self.inner.notify.notified();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A device driver.
+pub trait Driver: Send + Sync + 'static {
+    /// The state document of the resource named by the witness, in declared
+    /// units. Must be quick and side-effect free.
+    fn read(&self, call: &Authorized) -> Result<Value, Signal>;
+
+    /// Performs an admitted call and returns the capability output (never an
+    /// `{output, state}` wrapper). Must observe `cancel` and the deadline.
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>>;
+
+    /// The native stop. May run while a call is in flight; must not wait for
+    /// a lock a running call holds; must return promptly.
+    fn estop(&self, call: &Authorized) -> Result<(), Signal>;
+
+    /// Interlock readings by id. An interlock the driver does not report is
+    /// unknown, which blocks like open.
+    fn interlocks(&self) -> Vec<(String, InterlockState)> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,163 @@
+//! `command_id` idempotency (evaluation step 4).
+//!
+//! An in-memory index of recent command ids backed by the store. While the
+//! index holds every retained receipt (`complete`), a miss is authoritative;
+//! once it has evicted anything, a miss falls back to the store, so a replay of
+//! an old command id is still recognised after a restart.
+
+use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+
+/// What step 4 decided.
+#[derive(Debug)]
+pub enum Begin {
+    /// A new command: it is now in flight under this id.
+    Fresh,
+    /// The same input under a completed id: answer the retained receipt.
+    Replay(Value),
+    /// Another input under this id, or the same id still in flight.
+    Reuse(&'static str),
+    /// Not in the index and the index is incomplete: ask the store.
+    Unknown,
+}
+
+#[derive(Debug)]
+enum Entry {
+    InFlight {
+        digest: String,
+    },
+    Done {
+        digest: String,
+        receipt: Option<Value>,
+    },
+}
+
+/// The index. Bounded: at most `capacity` completed entries stay in memory.
+#[derive(Debug)]
+pub struct Index {
+    entries: HashMap<String, Entry>,
+    order: VecDeque<String>,
+    capacity: usize,
+    complete: bool,
+}
+
+impl Index {
+    /// An index; `complete` says whether it holds every retained receipt.
+    pub fn new(capacity: usize, complete: bool) -> Self {
+        assert!(capacity > 0);
+        Self {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            capacity,
+            complete,
+        }
+    }
+
+    /// Warms the index with a retained id (receipt loaded lazily).
+    pub fn warm(&mut self, command_id: String, digest: String) {
+        self.insert_done(command_id, digest, None);
+    }
+
+    /// Step 4.
+    pub fn begin(&mut self, command_id: &str, digest: &str) -> Begin {
+        match self.entries.get(command_id) {
+            Some(Entry::InFlight { digest: d }) if d != digest => Begin::Reuse("input_differs"),
+            Some(Entry::InFlight { .. }) => Begin::Reuse("in_flight"),
+            Some(Entry::Done { digest: d, .. }) if d != digest => Begin::Reuse("input_differs"),
+            Some(Entry::Done {
+                receipt: Some(r), ..
+            }) => Begin::Replay(r.clone()),
+            Some(Entry::Done { receipt: None, .. }) => Begin::Unknown,
+            None if !self.complete => Begin::Unknown,
+            None => {
+                self.entries.insert(
+                    command_id.to_owned(),
+                    Entry::InFlight {
+                        digest: digest.to_owned(),
+                    },
+                );
+                Begin::Fresh
+            }
+        }
+    }
+
+    /// Marks an id in flight after the store confirmed it is unknown.
+    pub fn claim(&mut self, command_id: &str, digest: &str) -> bool {
+        if self.entries.contains_key(command_id) {
+            return false;
+        }
+        self.entries.insert(
+            command_id.to_owned(),
+            Entry::InFlight {
+                digest: digest.to_owned(),
+            },
+        );
+        true
+    }
+
+    /// A refused command never becomes the outcome of its id.
+    pub fn abort(&mut self, command_id: &str) {
+        if matches!(self.entries.get(command_id), Some(Entry::InFlight { .. })) {
+            self.entries.remove(command_id);
+        }
+    }
+
+    /// Records the retained receipt of an id.
+    pub fn complete(&mut self, command_id: &str, digest: &str, receipt: Value) {
+        self.entries.remove(command_id);
+        self.insert_done(command_id.to_owned(), digest.to_owned(), Some(receipt));
+    }
+
+    fn insert_done(&mut self, command_id: String, digest: String, receipt: Option<Value>) {
+        self.order.push_back(command_id.clone());
+        self.entries
+            .insert(command_id, Entry::Done { digest, receipt });
+        let mut evictions = 0usize;
+        while self.order.len() > self.capacity && evictions < 1024 {
+            evictions += 1;
+            if let Some(old) = self.order.pop_front() {
+                if matches!(self.entries.get(&old), Some(Entry::Done { .. })) {
+                    self.entries.remove(&old);
+                    self.complete = false;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn replay_needs_the_same_digest_and_reuse_is_refused() {
+        let mut ix = Index::new(4, true);
+        assert!(matches!(ix.begin("c1", "d1"), Begin::Fresh));
+        assert!(matches!(ix.begin("c1", "d1"), Begin::Reuse("in_flight")));
+        ix.complete("c1", "d1", json!({"status": "completed"}));
+        assert!(matches!(ix.begin("c1", "d1"), Begin::Replay(_)));
+        assert!(matches!(
+            ix.begin("c1", "d2"),
+            Begin::Reuse("input_differs")
+        ));
+    }
+
+    #[test]
+    fn an_aborted_command_leaves_its_id_free() {
+        let mut ix = Index::new(4, true);
+        assert!(matches!(ix.begin("c1", "d1"), Begin::Fresh));
+        ix.abort("c1");
+        assert!(matches!(ix.begin("c1", "d2"), Begin::Fresh));
+    }
+
+    #[test]
+    fn eviction_makes_misses_ask_the_store() {
+        let mut ix = Index::new(2, true);
+        for i in 0..3 {
+            ix.complete(&format!("c{i}"), "d", json!({}));
+        }
+        assert!(matches!(ix.begin("c0", "d"), Begin::Unknown));
+        assert!(matches!(ix.begin("zz", "d"), Begin::Unknown));
+    }
+}

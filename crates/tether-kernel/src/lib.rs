@@ -1,0 +1,153 @@
+//! # tether-kernel — the membrane
+//!
+//! Owns the evaluation order every write and action passes (sessions and
+//! grants, binding resolution, `command_id` idempotency, the e-stop latch,
+//! mode, structure, limits, schema bounds, budgets, interlocks, the device
+//! lock and revision, dispatch, output validation, receipts), the sealed
+//! [`Authorized`] witness, the [`Driver`] trait, sessions, latches and the
+//! stop path.
+//!
+//! **Architecture invariant:** only this crate decides, and only this crate can
+//! authorize a driver call. [`Authorized`] has no public constructor; the
+//! compile-fail tests in `tether-drivers/tests/ui` pin that.
+//!
+//! **Never belongs here:** wire framing (JSON-RPC, HTTP, MCP → `tether-server`),
+//! device protocols (→ `tether-drivers`), SQL (→ `tether-store`), the limits
+//! grammar (→ `tether-limits`).
+//!
+//! **Depends on:** tether-core, tether-limits, tether-store. **Depended on by:**
+//! tether-drivers (for the trait), tether-server, tether-cli.
+#![deny(missing_docs)]
+
+mod authorized;
+mod command;
+mod describe;
+pub mod driver;
+mod idempotency;
+mod kernel;
+pub mod loader;
+pub mod reference;
+mod safety;
+mod session;
+
+pub use authorized::{Authorized, CallKind};
+pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Signal};
+pub use kernel::{Kernel, KernelConfig, Principal, PrincipalKind, StartError};
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use tether_core::Code;
+
+/// A refusal answered as an error of the surface's protocol (not a receipt):
+/// envelope, session and device-resolution failures.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// Registry code.
+    pub code: Code,
+    /// One line for people.
+    pub message: String,
+    /// Structured details (object).
+    pub details: Value,
+}
+
+impl ApiError {
+    /// An error with details.
+    pub fn new(code: Code, message: impl Into<String>, details: Value) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            details,
+        }
+    }
+    /// An invalid-params error with a reason.
+    pub fn invalid_params(reason: &str, message: impl Into<String>) -> Self {
+        Self::new(
+            Code::ProtocolInvalidParams,
+            message,
+            json!({"reason": reason}),
+        )
+    }
+}
+
+/// `mhs.command` (and, with `via_write`, `mhs.resource.write`).
+#[derive(Debug, Clone)]
+pub struct CommandRequest {
+    /// Session.
+    pub session_id: Option<String>,
+    /// Device.
+    pub device_id: String,
+    /// Capability id.
+    pub capability_id: String,
+    /// Resource (required when the class is bound to several).
+    pub resource: Option<String>,
+    /// Input.
+    pub input: Value,
+    /// Idempotency key; minted when absent.
+    pub command_id: Option<String>,
+    /// Time budget from arrival.
+    pub deadline: Option<Duration>,
+    /// Optimistic concurrency.
+    pub expected_revision: Option<u64>,
+}
+
+/// `mhs.resource.read`.
+#[derive(Debug, Clone)]
+pub struct ReadRequest {
+    /// Session.
+    pub session_id: Option<String>,
+    /// Device.
+    pub device_id: String,
+    /// Resource.
+    pub resource: String,
+}
+
+/// `mhs.session.open`.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOpen {
+    /// Devices to grant (all when absent).
+    pub device_ids: Option<Vec<String>>,
+    /// Class ids, patterns, or `(capability_id, resource)` pairs; all bindings when absent.
+    pub capabilities: Option<Vec<GrantRequest>>,
+    /// Lifetime without heartbeat, ms.
+    pub ttl_ms: Option<u64>,
+}
+
+/// One requested grant.
+#[derive(Debug, Clone)]
+pub enum GrantRequest {
+    /// A class id or pattern: every binding it matches.
+    Class(String),
+    /// One binding.
+    Binding {
+        /// Capability id.
+        capability_id: String,
+        /// Resource.
+        resource: String,
+    },
+}
+
+/// `mhs.safety.estop`.
+#[derive(Debug, Clone, Default)]
+pub struct EstopRequest {
+    /// Devices to stop; every device when empty.
+    pub device_ids: Vec<String>,
+    /// Why.
+    pub reason: String,
+    /// A defect of the envelope recorded with the stop (the stop is served anyway).
+    pub envelope_defect: Option<String>,
+    /// Who asked (unauthenticated callers are recorded as such).
+    pub requested_by: Option<Principal>,
+    /// The session the caller named, if any (to pick its single device).
+    pub session_id: Option<String>,
+}
+
+/// `mhs.safety.reset`.
+#[derive(Debug, Clone)]
+pub struct ResetRequest {
+    /// Session (optional for the CLI).
+    pub session_id: Option<String>,
+    /// Device.
+    pub device_id: String,
+    /// Why.
+    pub reason: String,
+}

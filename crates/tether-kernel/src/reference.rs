@@ -1,0 +1,265 @@
+//! The generated reference file of a device (`reference.json` and its
+//! Markdown view). Built from the effective limits the kernel enforces, never
+//! hand-written, deterministic for the same inputs.
+
+use crate::loader::{BindingSpec, DeviceSpec};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use tether_core::catalogue::{self, Verb};
+
+/// The effective-limits block of one binding (`x-mhs-effective-limits`).
+pub fn effective_limits(b: &BindingSpec) -> Value {
+    b.limits.to_json()
+}
+
+fn binding_entry(b: &BindingSpec) -> Value {
+    json!({
+        "capability_id": b.capability_id,
+        "resource": b.resource,
+        "verb": b.verb.as_str(),
+        "declared_verb": b.declared_verb.map(Verb::as_str),
+        "catalogued": b.catalogued,
+        "risk": b.risk.as_str(),
+        "flags": {"stop_class": b.flags.stop_class, "risk_reducing": b.flags.risk_reducing, "safe_place": b.flags.safe_place, "two_person": b.flags.two_person},
+        "concurrency": b.concurrency.as_str(),
+        "achieves_safe_state": b.achieves_safe_state,
+        "description": b.description,
+        "input_schema": b.served_schema,
+        "x-mhs-effective-limits": effective_limits(b),
+    })
+}
+
+/// The reference JSON of a device.
+pub fn reference_json(spec: &DeviceSpec) -> Value {
+    let m = &spec.manifest;
+    let mut measures = Vec::new();
+    let mut adjusts = Vec::new();
+    for r in &m.resources {
+        let configure = spec
+            .bindings
+            .iter()
+            .find(|b| b.capability_id == catalogue::CONFIGURE && b.resource == r.id);
+        let props = r.state_schema.get("properties").and_then(Value::as_object);
+        for (name, prop) in props.into_iter().flatten() {
+            let read_only = prop.get("readOnly") == Some(&Value::Bool(true));
+            let unit = prop
+                .get("x-mhs-unit")
+                .or_else(|| prop.get("items").and_then(|i| i.get("x-mhs-unit")));
+            let entry = json!({"resource": r.id, "field": name, "type": prop.get("type"), "unit": unit, "description": prop.get("description")});
+            match configure {
+                Some(c) if !read_only => {
+                    let limits = c.limits.to_json();
+                    let limit = limits.get("limits").and_then(|l| l.get(name)).cloned();
+                    let operator_required = limits
+                        .get("operator_required")
+                        .and_then(Value::as_array)
+                        .is_some_and(|a| a.iter().any(|p| p.as_str() == Some(name)));
+                    let mut e = entry;
+                    e["limit"] = limit.unwrap_or(Value::Null);
+                    e["operator_required"] = json!(operator_required);
+                    adjusts.push(e);
+                }
+                _ => measures.push(entry),
+            }
+        }
+    }
+    for b in &spec.bindings {
+        if b.is_read() {
+            measures.push(
+                json!({"resource": b.resource, "capability_id": b.capability_id, "verb": "read"}),
+            );
+        }
+    }
+    let actions: Vec<Value> = spec
+        .bindings
+        .iter()
+        .filter(|b| !b.is_read() && b.capability_id != catalogue::CONFIGURE)
+        .map(binding_entry)
+        .collect();
+    let interlocks: Vec<Value> = m
+        .interlocks
+        .iter()
+        .map(|i| json!({"id": i.id, "description": i.description, "source": format!("{:?}", i.source).to_lowercase(), "required_for": i.required_for, "reset_exempt": i.reset_exempt}))
+        .collect();
+    let operator_required: Vec<Value> = spec
+        .bindings
+        .iter()
+        .flat_map(|b| {
+            let l = b.limits.to_json();
+            let paths = l.get("operator_required").and_then(Value::as_array).cloned().unwrap_or_default();
+            paths.into_iter().map(move |p| json!({"capability_id": b.capability_id, "resource": b.resource, "path": p}))
+        })
+        .collect();
+    json!({
+        "openmhs": "0.9",
+        "generator": format!("tether {}", env!("CARGO_PKG_VERSION")),
+        "device": {"device_id": m.device_id, "mode": m.mode.as_str(), "risk_class": m.risk_class.as_str(), "description": m.description, "driver": m.driver},
+        "measures": measures,
+        "adjusts": adjusts,
+        "actions": actions,
+        "bindings": spec.bindings.iter().map(binding_entry).collect::<Vec<_>>(),
+        "safety": {
+            "estop": {"latency_ms": m.safety.estop.latency_ms.unwrap_or(1000), "native": m.safety.estop.native, "terminal": m.safety.estop.terminal, "reenable": m.safety.estop.reenable},
+            "safe_state": m.safety.safe_state.as_ref().map(|s| json!({"description": s.description, "achieved_by": s.achieved_by})),
+            "interlocks": interlocks,
+            "watchdog_ms": m.safety.watchdog_ms,
+            "operator_required": operator_required,
+            "not_certified": true,
+            "statement": tether_core::NOT_CERTIFIED,
+        },
+        "facts": m.facts.iter().map(|f| json!({"text": f.text, "source": f.source, "ref": f.reference})).collect::<Vec<_>>(),
+        "tags": m.tags,
+        "fidelity": m.fidelity.as_ref().map(|f| json!({"kind": f.kind, "notes": f.notes})),
+        "overlay": {"applied": spec.overlay_applied},
+        "provenance": {"manifest": spec.origin},
+    })
+}
+
+fn limit_line(path: &str, l: &Value) -> String {
+    let mut s = format!("`{path}`");
+    let unit = l
+        .get("unit")
+        .and_then(Value::as_str)
+        .map(|u| format!(" {u}"))
+        .unwrap_or_default();
+    if let Some(min) = l.get("min").filter(|v| !v.is_null()) {
+        let _ = write!(s, " min {min}{unit}");
+    }
+    if let Some(max) = l.get("max").filter(|v| !v.is_null()) {
+        let _ = write!(s, " max {max}{unit}");
+    }
+    if let Some(a) = l.get("allowed").filter(|v| !v.is_null()) {
+        let _ = write!(s, " allowed {a}");
+    }
+    if let Some(src) = l.get("sources").or_else(|| l.get("source")) {
+        let _ = write!(s, " (source: {src})");
+    }
+    s
+}
+
+/// The Markdown view of the reference file (what `tether describe` prints).
+pub fn reference_markdown(spec: &DeviceSpec) -> String {
+    let r = reference_json(spec);
+    let m = &spec.manifest;
+    let mut out = String::new();
+    let _ = writeln!(out, "# {} — reference\n", m.device_id);
+    let _ = writeln!(out, "> {}\n", tether_core::NOT_CERTIFIED);
+    let _ = writeln!(
+        out,
+        "- mode: **{}**, risk class: **{}**, driver: `{}`",
+        m.mode.as_str(),
+        m.risk_class,
+        m.driver
+    );
+    if let Some(f) = &m.fidelity {
+        let _ = writeln!(out, "- fidelity: {} — {}", f.kind, f.notes);
+    }
+    if !m.description.is_empty() {
+        let _ = writeln!(out, "- {}", m.description);
+    }
+    let _ = writeln!(out, "\n## Measures\n");
+    for x in r["measures"].as_array().into_iter().flatten() {
+        match x.get("field") {
+            Some(f) => {
+                let _ = writeln!(
+                    out,
+                    "- `{}.{}` ({}){}",
+                    x["resource"].as_str().unwrap_or(""),
+                    f.as_str().unwrap_or(""),
+                    x["type"].as_str().unwrap_or("-"),
+                    x["unit"]
+                        .as_str()
+                        .map(|u| format!(" in {u}"))
+                        .unwrap_or_default()
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "- `{}` on `{}` (read binding)",
+                    x["capability_id"].as_str().unwrap_or(""),
+                    x["resource"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "\n## Adjusts (mhs.resource.write)\n");
+    for x in r["adjusts"].as_array().into_iter().flatten() {
+        let name = format!(
+            "{}.{}",
+            x["resource"].as_str().unwrap_or(""),
+            x["field"].as_str().unwrap_or("")
+        );
+        let limit = match x.get("limit").filter(|v| !v.is_null()) {
+            Some(l) => limit_line(&name, l),
+            None if x["operator_required"] == json!(true) => {
+                format!("`{name}` operator_required (no overlay filled it)")
+            }
+            None => format!("`{name}` no limit"),
+        };
+        let _ = writeln!(out, "- {limit}");
+    }
+    let _ = writeln!(out, "\n## Actions\n");
+    for b in spec
+        .bindings
+        .iter()
+        .filter(|b| !b.is_read() && b.capability_id != catalogue::CONFIGURE)
+    {
+        let _ = writeln!(
+            out,
+            "### `{}` on `{}` — risk {}{}\n",
+            b.capability_id,
+            b.resource,
+            b.risk,
+            if b.is_stop() { ", stop class" } else { "" }
+        );
+        if !b.description.is_empty() {
+            let _ = writeln!(out, "{}\n", b.description);
+        }
+        let l = b.limits.to_json();
+        let mut any = false;
+        if let Some(map) = l.get("limits").and_then(Value::as_object) {
+            for (path, rule) in map {
+                any = true;
+                let _ = writeln!(out, "- {}", limit_line(path, rule));
+            }
+        }
+        if let Some(c) = l.get("cumulative").and_then(Value::as_array) {
+            for rule in c {
+                any = true;
+                let _ = writeln!(out, "- cumulative: {rule}");
+            }
+        }
+        if !any {
+            let _ = writeln!(out, "- no numeric limits");
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(out, "## Safety\n");
+    let _ = writeln!(
+        out,
+        "- e-stop budget: {} ms",
+        m.safety.estop.latency_ms.unwrap_or(1000)
+    );
+    if let Some(s) = &m.safety.safe_state {
+        let _ = writeln!(
+            out,
+            "- safe state: {} (achieved by: {})",
+            s.description,
+            s.achieved_by.join(", ")
+        );
+    }
+    for i in &m.interlocks {
+        let _ = writeln!(
+            out,
+            "- interlock `{}`: {} (gates: {})",
+            i.id,
+            i.description,
+            i.required_for
+                .as_ref()
+                .map_or_else(|| "nothing, informative".into(), |r| r.join(", "))
+        );
+    }
+    let _ = writeln!(out, "- not certified: Tether enforces a software envelope; keep an independent hardware e-stop.");
+    out
+}

@@ -1,0 +1,436 @@
+//! The e-stop latch, reset and status (the basic latch of the foundation;
+//! the full stop path with safe-state actions and background retry is built
+//! on top of this by the safety work).
+//!
+//! The e-stop latches first: the in-memory latch is set and every running
+//! operation of the device is cancelled before any driver I/O; then the
+//! native stop runs in a bounded worker; then the latch is made durable. The
+//! answer comes within the device's stop budget.
+
+use crate::authorized::{Authorized, CallKind};
+use crate::command::Ctx;
+use crate::kernel::{Kernel, LatchInfo, Principal};
+use crate::{ApiError, EstopRequest, ResetRequest};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tether_core::catalogue;
+use tether_core::ids::{self, CommandId};
+use tether_core::manifest::Mode;
+use tether_core::receipt::now_ms;
+use tether_core::{Code, Refusal, Status};
+use tether_store::{Commit, EventDraft, LatchRow};
+
+/// Receipt capability id of an endpoint e-stop.
+pub const INTERNAL_ESTOP: &str = "cap.internal.safety_estop.v1";
+/// Receipt capability id of a reset.
+pub const INTERNAL_RESET: &str = "cap.internal.safety_reset.v1";
+
+struct DeviceStop {
+    device: usize,
+    receipt: Value,
+    completed: bool,
+}
+
+impl Kernel {
+    /// `mhs.safety.estop`: stops the named devices (every device when none is
+    /// named). Never refused; needs no session.
+    pub async fn estop(&self, req: EstopRequest) -> Value {
+        let mut targets: Vec<usize> = req
+            .device_ids
+            .iter()
+            .filter_map(|id| self.device_index(id))
+            .collect();
+        if targets.is_empty() {
+            targets = self
+                .session_single_device(req.session_id.as_deref())
+                .map_or_else(|| (0..self.inner.devices.len()).collect(), |d| vec![d]);
+        }
+        let mut reason = if req.reason.is_empty() {
+            "e-stop requested".to_owned()
+        } else {
+            req.reason.clone()
+        };
+        if let Some(defect) = &req.envelope_defect {
+            reason = format!("{reason} (request defect: {defect})");
+        }
+        self.estop_devices(targets, &reason, req.requested_by, req.session_id, None)
+            .await
+    }
+
+    fn session_single_device(&self, sid: Option<&str>) -> Option<usize> {
+        let sid = sid?;
+        let sessions = self.inner.sessions.lock().ok()?;
+        // Any session record counts here: the e-stop never needs a live one.
+        let devices = sessions.devices_of(sid)?;
+        if devices.len() == 1 {
+            devices.into_iter().next()
+        } else {
+            None
+        }
+    }
+
+    /// The shared e-stop path for `mhs.safety.estop` and a bound
+    /// `cap.motion.estop.v1`. Devices are stopped concurrently.
+    pub(crate) async fn estop_devices(
+        &self,
+        targets: Vec<usize>,
+        reason: &str,
+        by: Option<Principal>,
+        session_id: Option<String>,
+        command_id: Option<&str>,
+    ) -> Value {
+        let t0 = Instant::now();
+        // Latch first, every device, before any driver I/O.
+        let mut latch_latency = Vec::new();
+        for &d in &targets {
+            let dev = &self.inner.devices[d];
+            let was = dev.latched.swap(true, Ordering::SeqCst);
+            if let Ok(mut l) = dev.latch.lock() {
+                if !was {
+                    *l = LatchInfo {
+                        since_ms: now_ms(),
+                        reason: reason.to_owned(),
+                        durable: false,
+                    };
+                }
+            }
+            latch_latency.push(t0.elapsed());
+        }
+        let stops = targets.iter().zip(latch_latency).map(|(&d, lat)| {
+            self.stop_one(
+                d,
+                reason,
+                by.clone(),
+                session_id.clone(),
+                command_id,
+                t0,
+                lat,
+            )
+        });
+        let results: Vec<DeviceStop> = futures_join_all(stops).await;
+        if results.len() == 1 {
+            return results
+                .into_iter()
+                .next()
+                .map(|r| r.receipt)
+                .unwrap_or(Value::Null);
+        }
+        let first_bad = results.iter().position(|r| !r.completed).unwrap_or(0);
+        let devices: Vec<Value> = results
+            .iter()
+            .map(|r| json!({"device_id": self.inner.devices[r.device].id(), "status": r.receipt["status"], "receipt_id": r.receipt["receipt_id"], "safe_state_achieved": r.receipt["safe_state_achieved"], "error": r.receipt["error"]}))
+            .collect();
+        let mut answer = results
+            .get(first_bad)
+            .map(|r| r.receipt.clone())
+            .unwrap_or(Value::Null);
+        let scope = if results.len() == self.inner.devices.len() {
+            "all_devices"
+        } else {
+            "devices"
+        };
+        answer["x-vendor.estop"] = json!({"scope": scope, "devices": devices});
+        answer
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn stop_one(
+        &self,
+        d: usize,
+        reason: &str,
+        by: Option<Principal>,
+        session_id: Option<String>,
+        command_id: Option<&str>,
+        t0: Instant,
+        latch_latency: Duration,
+    ) -> DeviceStop {
+        let dev = &self.inner.devices[d];
+        let cancelled = self.cancel_device_ops(d, reason);
+        let budget = Duration::from_millis(dev.estop_budget_ms());
+        let auth = Authorized::mint(
+            dev.id(),
+            catalogue::ESTOP,
+            "",
+            "estop",
+            json!({"reason": reason}),
+            command_id.unwrap_or(""),
+            CallKind::Stop,
+            Some(t0 + budget),
+        );
+        let driver = dev.driver.clone();
+        let native = tokio::time::timeout(
+            budget,
+            tokio::task::spawn_blocking(move || driver.estop(&auth)),
+        )
+        .await;
+        let native_result: Result<(), String> = match native {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(s))) => Err(format!("native stop failed: {s:?}")),
+            Ok(Err(_)) => Err("native stop worker ended abnormally".into()),
+            Err(_) => Err("native stop did not answer within the stop budget".into()),
+        };
+        let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "safety.estop".into(),
+                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "native": native_result.as_ref().err()}),
+            }],
+            latches: vec![LatchRow {
+                device_id: dev.id().to_owned(),
+                latched: true,
+                info: json!({"since_ms": info.since_ms, "reason": info.reason}),
+            }],
+            ..Commit::default()
+        };
+        let durable = self.commit(commit).await;
+        if durable.is_ok() {
+            if let Ok(mut l) = dev.latch.lock() {
+                l.durable = true;
+            }
+        }
+        let ctx = Ctx {
+            device: d,
+            binding: usize::MAX,
+            command_id: command_id
+                .map_or_else(|| CommandId::mint().as_str().to_owned(), str::to_owned),
+            digest: String::new(),
+            key: String::new(),
+            input: Value::Null,
+            principal: by.unwrap_or_else(Principal::local_agent),
+            session_id,
+            accepted_at_ms: now_ms(),
+            t0,
+            deadline: t0 + budget,
+            expected_revision: None,
+        };
+        let software_only =
+            dev.spec.manifest.mode == Mode::Simulated || dev.spec.manifest.mode == Mode::Replay;
+        let (status, error) = match (&native_result, &durable) {
+            (Ok(()), Ok(_)) => (Status::Completed, None),
+            (Err(why), _) => (
+                Status::Failed,
+                Some(Refusal::new(
+                    Code::SafetySafeStateUnreached,
+                    why.clone(),
+                    json!({"reason": if why.contains("budget") { "timeout" } else { "native_failed" }, "latched": true}),
+                )),
+            ),
+            (Ok(()), Err(e)) => (
+                Status::Completed,
+                Some(Refusal::new(
+                    Code::EvidenceUnavailable,
+                    "the latch is held in memory and not yet durable",
+                    json!({"reason": "latch_not_durable", "store_error": e.to_string()}),
+                )),
+            ),
+        };
+        let completed = status == Status::Completed;
+        let mut receipt = self.receipt(&ctx, INTERNAL_ESTOP, None, status, Some(json!({"latched": true, "estop": if software_only { "software_only" } else { "native" }})), error);
+        receipt.extra.insert(
+            "latency_ms".into(),
+            json!(t0.elapsed().as_secs_f64() * 1000.0),
+        );
+        receipt.extra.insert(
+            "latch_latency_ms".into(),
+            json!(latch_latency.as_secs_f64() * 1000.0),
+        );
+        receipt
+            .extra
+            .insert("safe_state_achieved".into(), json!(native_result.is_ok()));
+        receipt
+            .extra
+            .insert("cancelled_operations".into(), json!(cancelled));
+        receipt
+            .extra
+            .insert("latch_durable".into(), json!(durable.is_ok()));
+        receipt.extra.insert("not_certified".into(), json!(true));
+        let wire = receipt.to_json();
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "safety.estop.receipt".into(),
+                body: json!({"receipt": wire}),
+            }],
+            ..Commit::default()
+        });
+        DeviceStop {
+            device: d,
+            receipt: wire,
+            completed,
+        }
+    }
+
+    /// `mhs.safety.reset`: releases a latch when nothing forbids it. A reset
+    /// resumes nothing.
+    ///
+    /// # Errors
+    /// Unknown device.
+    pub async fn reset(&self, p: &Principal, req: ResetRequest) -> Result<Value, ApiError> {
+        let d = self
+            .device_index(&req.device_id)
+            .ok_or_else(|| self.unknown_device(&req.device_id))?;
+        let dev = &self.inner.devices[d];
+        let ctx = Ctx {
+            device: d,
+            binding: usize::MAX,
+            command_id: CommandId::mint().as_str().to_owned(),
+            digest: String::new(),
+            key: String::new(),
+            input: Value::Null,
+            principal: p.clone(),
+            session_id: req.session_id.clone(),
+            accepted_at_ms: now_ms(),
+            t0: Instant::now(),
+            deadline: Instant::now(),
+            expected_revision: None,
+        };
+        if let Some(refusal) = self.reset_refusal(d, p) {
+            return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
+        }
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "safety.reset".into(),
+                body: json!({"device_id": dev.id(), "principal": p.to_json(), "reason": req.reason, "session_id": req.session_id}),
+            }],
+            latches: vec![LatchRow {
+                device_id: dev.id().to_owned(),
+                latched: false,
+                info: json!({"reset_by": p.to_json(), "reset_at_ms": now_ms()}),
+            }],
+            ..Commit::default()
+        };
+        if let Err(e) = self.commit(commit).await {
+            let refusal = Refusal::new(
+                Code::SafetyResetRefused,
+                "the reset could not be made durable; the latch is kept",
+                json!({"reason": "not_durable", "store_error": e.to_string(), "latched": true}),
+            );
+            return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
+        }
+        dev.latched.store(false, Ordering::SeqCst);
+        if let Ok(mut l) = dev.latch.lock() {
+            *l = LatchInfo::default();
+        }
+        let receipt = self.receipt(
+            &ctx,
+            INTERNAL_RESET,
+            None,
+            Status::Completed,
+            Some(json!({"latched": false, "resumed": false})),
+            None,
+        );
+        Ok(receipt.to_json())
+    }
+
+    fn reset_refusal(&self, d: usize, p: &Principal) -> Option<Refusal> {
+        let dev = &self.inner.devices[d];
+        if !dev.latched.load(Ordering::SeqCst) {
+            return Some(Refusal::new(
+                Code::SafetyResetRefused,
+                "nothing is latched",
+                json!({"reason": "not_latched", "latched": false}),
+            ));
+        }
+        if dev.spec.manifest.mode.is_physical() && !p.operator {
+            return Some(Refusal::new(
+                Code::AuthForbidden,
+                "only an authenticated operator may reset a hardware latch",
+                json!({"reason": "operator_required", "latched": true}),
+            ));
+        }
+        let open: Vec<Value> = dev
+            .interlock_readings()
+            .into_iter()
+            .filter(|(i, s)| {
+                !dev.spec.manifest.interlocks[*i].reset_exempt
+                    && *s != crate::InterlockState::Closed
+            })
+            .map(|(i, s)| json!({"id": dev.spec.manifest.interlocks[i].id, "state": s.as_str()}))
+            .collect();
+        if !open.is_empty() {
+            return Some(Refusal::new(
+                Code::SafetyResetRefused,
+                "an interlock is open or unknown",
+                json!({"reason": "interlock_open", "interlocks": open, "latched": true}),
+            ));
+        }
+        let running: Vec<String> = self.running_on(d).into_iter().map(|(op, _)| op).collect();
+        if !running.is_empty() {
+            return Some(Refusal::new(
+                Code::SafetyResetRefused,
+                "an operation that ignored cancellation is still running",
+                json!({"reason": "operation_running", "operations": running, "latched": true}),
+            ));
+        }
+        None
+    }
+
+    /// `mhs.safety.status`: per device, the latch, interlocks and running operations.
+    pub fn safety_status(&self, device_id: Option<&str>) -> Result<Value, ApiError> {
+        let devices: Vec<usize> = match device_id {
+            Some(id) => vec![self
+                .device_index(id)
+                .ok_or_else(|| self.unknown_device(id))?],
+            None => (0..self.inner.devices.len()).collect(),
+        };
+        let list: Vec<Value> = devices
+            .into_iter()
+            .map(|d| {
+                let dev = &self.inner.devices[d];
+                let latched = dev.latched.load(Ordering::SeqCst);
+                let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
+                let interlocks: Vec<Value> = dev
+                    .interlock_readings()
+                    .into_iter()
+                    .map(|(i, s)| {
+                        let il = &dev.spec.manifest.interlocks[i];
+                        json!({"id": il.id, "state": s.as_str(), "description": il.description, "gating": il.required_for.is_some(), "required_for": il.required_for})
+                    })
+                    .collect();
+                json!({
+                    "device_id": dev.id(),
+                    "mode": dev.spec.manifest.mode.as_str(),
+                    "latched": latched,
+                    "latch": if latched { json!({"since_ms": info.since_ms, "reason": info.reason, "durable": info.durable}) } else { Value::Null },
+                    "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched},
+                    "interlocks": interlocks,
+                    "running_operations": self.running_on(d).into_iter().map(|(op, cap)| json!({"operation_id": op, "capability_id": cap})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        Ok(json!({"devices": list, "not_certified": true, "statement": tether_core::NOT_CERTIFIED}))
+    }
+}
+
+/// Joins futures concurrently without pulling in the `futures` crate: each
+/// runs as its own task on the current runtime... but they borrow `self`, so
+/// they are polled together here instead.
+async fn futures_join_all<F: std::future::Future<Output = DeviceStop>>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<DeviceStop> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futs.map(Box::pin).collect();
+    let mut out: Vec<Option<DeviceStop>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+#[allow(dead_code)]
+fn mint_op() -> String {
+    ids::mint("op_")
+}

@@ -1,0 +1,686 @@
+//! The evaluation order, in process, against a scripted test driver.
+//!
+//! Every refusal is checked for "no side effect": the driver was not called,
+//! the revision did not move, no budget was drawn, and the `command_id` stays
+//! free.
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tether_kernel::loader::{load, ManifestSource, OverlaySource};
+use tether_kernel::{
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, InterlockState,
+    Kernel, KernelConfig, Principal, ReadRequest, ResetRequest, SessionOpen, Signal,
+};
+use tether_store::{MemoryStore, SqliteStore, Store};
+
+const MANIFEST: &str = r#"
+device_id = "rig-1"
+mode = "simulated"
+risk_class = "R2"
+driver = "test"
+fidelity = { kind = "simulated", notes = "scripted test driver" }
+
+[[resources]]
+id = "main"
+[resources.state_schema]
+type = "object"
+properties.level = { type = "number", minimum = 0, maximum = 100, "x-mhs-unit" = "%" }
+properties.temp = { type = "number", readOnly = true, "x-mhs-unit" = "degC" }
+properties.tuning = { type = "object", properties = { gain = { type = "number", "x-mhs-unit" = "1" } } }
+
+[[bindings]]
+capability_id = "cap.device.configure.v1"
+resource = "main"
+limits.level = { min = 0, max = 80, unit = "%", source = "operator", reason = "tank rating" }
+limits."tuning.gain" = { max = 4, source = "operator" }
+
+[[bindings]]
+capability_id = "x-cap.test.dose.v1"
+resource = "main"
+target = "dose"
+input_schema = { type = "object", required = ["amount"], additionalProperties = false, properties = { amount = { type = "number", "x-mhs-unit" = "mL" } } }
+output_schema = { type = "object", required = ["dosed"], properties = { dosed = { type = "number" } } }
+limits.amount = { min = -10, max = 10, unit = "mL", source = "operator" }
+
+[[bindings]]
+capability_id = "x-cap.test.budget.v1"
+resource = "main"
+target = "dose"
+input_schema = { type = "object", required = ["amount"], additionalProperties = false, properties = { amount = { type = "number", "x-mhs-unit" = "mL" } } }
+output_schema = { type = "object" }
+limits.amount = { max = 25, unit = "mL", source = "operator", per = "rolling_1h" }
+
+[[bindings]]
+capability_id = "x-cap.test.heat.v1"
+resource = "main"
+target = "heat"
+input_schema = { type = "object", required = ["power"], additionalProperties = false, properties = { power = { type = "number", "x-mhs-unit" = "W" } } }
+output_schema = { type = "object" }
+limits.power = "operator_required"
+
+[[bindings]]
+capability_id = "cap.io.relay.v1"
+resource = "main"
+target = "relay"
+concurrency = "serialized"
+
+[[bindings]]
+capability_id = "cap.state.read.v1"
+resource = "main"
+
+[[interlocks]]
+id = "guard"
+description = "Guard door closed"
+source = "simulated"
+required_for = ["cap.io.*"]
+
+[safety]
+estop = { latency_ms = 200 }
+"#;
+
+#[derive(Default)]
+struct TestDriver {
+    calls: AtomicUsize,
+    guard: Mutex<Option<InterlockState>>,
+    bad_output: AtomicBool,
+    slow_ms: AtomicUsize,
+}
+
+impl Driver for TestDriver {
+    fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
+        Ok(json!({"level": 10, "temp": 21.5, "tuning": {"gain": 1}}))
+    }
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let slow = self.slow_ms.load(Ordering::SeqCst) as u64;
+            if slow > 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(slow)) => {}
+                    () = cancel.cancelled() => return Err(Signal::Cancelled),
+                }
+            }
+            if self.bad_output.load(Ordering::SeqCst) {
+                return Ok(json!({"unexpected": true}));
+            }
+            match call.target() {
+                "dose" => Ok(json!({"dosed": call.input()["amount"]})),
+                "relay" => Ok(call.input().clone()),
+                _ => Ok(json!({})),
+            }
+        })
+    }
+    fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
+        Ok(())
+    }
+    fn interlocks(&self) -> Vec<(String, InterlockState)> {
+        self.guard
+            .lock()
+            .ok()
+            .and_then(|g| *g)
+            .map(|s| vec![("guard".to_owned(), s)])
+            .unwrap_or_default()
+    }
+}
+
+struct Rig {
+    kernel: Kernel,
+    driver: Arc<TestDriver>,
+    session: String,
+    p: Principal,
+}
+
+fn manifest() -> Vec<ManifestSource> {
+    vec![ManifestSource {
+        origin: "rig-1.toml".into(),
+        text: MANIFEST.into(),
+    }]
+}
+
+async fn rig_with(overlay: Option<&str>, store: Arc<dyn Store>) -> Rig {
+    let ov = overlay.map(|t| OverlaySource {
+        origin: "site-limits.json".into(),
+        text: t.into(),
+    });
+    let cell = load(&manifest(), ov.as_ref()).expect("rig loads");
+    let driver = Arc::new(TestDriver::default());
+    *driver.guard.lock().expect("guard") = Some(InterlockState::Closed);
+    let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
+    drivers.insert("rig-1".into(), driver.clone());
+    let kernel = Kernel::new(KernelConfig::standard("test"), cell, drivers, store).expect("kernel");
+    let p = Principal::local_agent();
+    let session = kernel
+        .session_open(&p, SessionOpen::default())
+        .await
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+    Rig {
+        kernel,
+        driver,
+        session,
+        p,
+    }
+}
+
+async fn rig() -> Rig {
+    rig_with(None, Arc::new(MemoryStore::new())).await
+}
+
+impl Rig {
+    fn req(&self, cap: &str, input: Value) -> CommandRequest {
+        CommandRequest {
+            session_id: Some(self.session.clone()),
+            device_id: "rig-1".into(),
+            capability_id: cap.into(),
+            resource: None,
+            input,
+            command_id: None,
+            deadline: None,
+            expected_revision: None,
+        }
+    }
+    async fn run(&self, req: CommandRequest) -> Value {
+        self.kernel.command(&self.p, req).await.expect("receipt")
+    }
+    async fn revision(&self) -> u64 {
+        let r = self
+            .kernel
+            .read(
+                &self.p,
+                ReadRequest {
+                    session_id: Some(self.session.clone()),
+                    device_id: "rig-1".into(),
+                    resource: "main".into(),
+                },
+            )
+            .await
+            .expect("read");
+        r["revision"].as_u64().expect("revision")
+    }
+    fn calls(&self) -> usize {
+        self.driver.calls.load(Ordering::SeqCst)
+    }
+    /// Runs a command expected to be refused and checks it left no trace.
+    async fn refused(&self, mut req: CommandRequest, code: &str) -> Value {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let id = format!("01REFUSED{:017}", NEXT.fetch_add(1, Ordering::SeqCst));
+        let (rev, calls) = (self.revision().await, self.calls());
+        req.command_id = Some(id.clone());
+        let r = self.run(req).await;
+        assert_eq!(r["status"], "rejected", "{r}");
+        assert_eq!(r["error"]["mhs_code"], code, "{r}");
+        assert_eq!(
+            self.revision().await,
+            rev,
+            "a refusal must not advance the revision"
+        );
+        assert_eq!(self.calls(), calls, "a refusal must not reach the driver");
+        // The id was not recorded as an outcome: a different, valid input may use it
+        // (unless the device is latched, where nothing effectful runs).
+        let mut ok = self.req("cap.state.read.v1", json!({}));
+        ok.command_id = Some(id);
+        let again = self.run(ok).await;
+        assert_ne!(
+            again["error"]["mhs_code"], "MHS.CONFLICT.COMMAND_ID_REUSE",
+            "{again}"
+        );
+        r
+    }
+}
+
+#[tokio::test]
+async fn a_valid_action_completes_and_advances_the_revision_once() {
+    let rig = rig().await;
+    let r = rig
+        .run(rig.req("x-cap.test.dose.v1", json!({"amount": 5})))
+        .await;
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["output"], json!({"dosed": 5}));
+    assert_eq!(r["state_revision_before"], 0);
+    assert_eq!(r["state_revision_after"], 1);
+    assert_eq!(rig.revision().await, 1);
+}
+
+#[tokio::test]
+async fn limits_refuse_before_dispatch_with_path_bound_value_unit_and_source() {
+    let rig = rig().await;
+    let r = rig
+        .refused(
+            rig.req("x-cap.test.dose.v1", json!({"amount": 12})),
+            "MHS.SAFETY.ENVELOPE_VIOLATION",
+        )
+        .await;
+    let d = &r["error"]["details"];
+    assert_eq!(d["path"], "amount");
+    assert_eq!(d["kind"], "max");
+    assert_eq!(d["bound"], json!(10.0));
+    assert_eq!(d["value"], json!(12));
+    assert_eq!(d["unit"], "mL");
+    assert_eq!(d["source"], "binding");
+}
+
+#[tokio::test]
+async fn wrong_types_and_unknown_fields_are_refused() {
+    let rig = rig().await;
+    rig.refused(
+        rig.req("x-cap.test.dose.v1", json!({"amount": "5"})),
+        "MHS.CAPABILITY.INPUT_INVALID",
+    )
+    .await;
+    rig.refused(
+        rig.req("x-cap.test.dose.v1", json!({"amount": true})),
+        "MHS.CAPABILITY.INPUT_INVALID",
+    )
+    .await;
+    rig.refused(
+        rig.req("x-cap.test.dose.v1", json!({"amount": 1, "extra": 1})),
+        "MHS.CAPABILITY.INPUT_INVALID",
+    )
+    .await;
+    rig.refused(
+        rig.req("x-cap.test.dose.v1", json!({})),
+        "MHS.CAPABILITY.INPUT_INVALID",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn configure_refuses_unknown_and_read_only_fields_at_any_depth() {
+    let rig = rig().await;
+    let mut w = rig.req("cap.device.configure.v1", json!({"nope": 1}));
+    w.resource = Some("main".into());
+    let r = rig.refused(w.clone(), "MHS.RESOURCE.FIELD_UNKNOWN").await;
+    assert_eq!(r["error"]["details"]["fields"], json!(["nope"]));
+    w.input = json!({"tuning": {"nope": 1}});
+    let r = rig.refused(w.clone(), "MHS.RESOURCE.FIELD_UNKNOWN").await;
+    assert_eq!(r["error"]["details"]["fields"], json!(["tuning.nope"]));
+    w.input = json!({"temp": 30});
+    rig.refused(w.clone(), "MHS.RESOURCE.NOT_WRITABLE").await;
+    // A nested leaf is limited too: tuning.gain max 4.
+    w.input = json!({"tuning": {"gain": 5}});
+    let r = rig
+        .refused(w.clone(), "MHS.SAFETY.ENVELOPE_VIOLATION")
+        .await;
+    assert_eq!(r["error"]["details"]["path"], "tuning.gain");
+    // A limited field's schema bound is a safety refusal, not INPUT_INVALID (limit 80 is tighter than schema 100).
+    w.input = json!({"level": 90});
+    rig.refused(w.clone(), "MHS.SAFETY.ENVELOPE_VIOLATION")
+        .await;
+    w.input = json!({"level": 50});
+    let ok = rig.run(w).await;
+    assert_eq!(ok["status"], "completed", "{ok}");
+    assert_eq!(ok["output"]["applied"], json!({"level": 50}));
+}
+
+#[tokio::test]
+async fn operator_required_bound_is_unset_until_an_overlay_fills_it() {
+    let rig = rig().await;
+    let r = rig
+        .refused(
+            rig.req("x-cap.test.heat.v1", json!({"power": 100})),
+            "MHS.SAFETY.LIMITS_UNSET",
+        )
+        .await;
+    assert_eq!(r["error"]["details"]["paths"], json!(["power"]));
+    let filled = rig_with(Some(r#"{"rig-1": {"x-cap.test.heat.v1": {"power": {"max": 500, "unit": "W", "source": "operator"}}}}"#), Arc::new(MemoryStore::new())).await;
+    assert_eq!(
+        filled
+            .run(filled.req("x-cap.test.heat.v1", json!({"power": 100})))
+            .await["status"],
+        "completed"
+    );
+    let over = filled
+        .refused(
+            filled.req("x-cap.test.heat.v1", json!({"power": 600})),
+            "MHS.SAFETY.ENVELOPE_VIOLATION",
+        )
+        .await;
+    assert_eq!(over["error"]["details"]["source"], "overlay");
+}
+
+#[tokio::test]
+async fn cumulative_budget_is_drawn_by_magnitude_and_refuses_when_exceeded() {
+    let rig = rig().await;
+    assert_eq!(
+        rig.run(rig.req("x-cap.test.budget.v1", json!({"amount": 10})))
+            .await["status"],
+        "completed"
+    );
+    // A negative value draws its magnitude: it never refunds.
+    assert_eq!(
+        rig.run(rig.req("x-cap.test.budget.v1", json!({"amount": -10})))
+            .await["status"],
+        "completed"
+    );
+    let r = rig
+        .refused(
+            rig.req("x-cap.test.budget.v1", json!({"amount": 6})),
+            "MHS.SAFETY.CUMULATIVE_LIMIT",
+        )
+        .await;
+    let d = &r["error"]["details"];
+    assert_eq!(d["used"], json!(20.0));
+    assert_eq!(d["limit"], json!(25.0));
+    assert_eq!(d["window"], "rolling_1h");
+    assert_eq!(
+        rig.run(rig.req("x-cap.test.budget.v1", json!({"amount": 5})))
+            .await["status"],
+        "completed"
+    );
+}
+
+#[tokio::test]
+async fn a_restart_never_refills_a_budget_window() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let rig = rig_with(
+            None,
+            Arc::new(SqliteStore::open(dir.path()).expect("store")),
+        )
+        .await;
+        assert_eq!(
+            rig.run(rig.req("x-cap.test.budget.v1", json!({"amount": 20})))
+                .await["status"],
+            "completed"
+        );
+    }
+    let rig = rig_with(
+        None,
+        Arc::new(SqliteStore::open(dir.path()).expect("store")),
+    )
+    .await;
+    rig.refused(
+        rig.req("x-cap.test.budget.v1", json!({"amount": 6})),
+        "MHS.SAFETY.CUMULATIVE_LIMIT",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_open_or_unknown_interlock_refuses_the_gated_capability_only() {
+    let rig = rig().await;
+    let relay = json!({"channel": 1, "on": true});
+    assert_eq!(
+        rig.run(rig.req("cap.io.relay.v1", relay.clone())).await["status"],
+        "completed"
+    );
+    *rig.driver.guard.lock().expect("guard") = Some(InterlockState::Open);
+    let r = rig
+        .refused(
+            rig.req("cap.io.relay.v1", relay.clone()),
+            "MHS.SAFETY.INTERLOCK_OPEN",
+        )
+        .await;
+    assert_eq!(r["error"]["details"]["interlocks"][0]["id"], "guard");
+    *rig.driver.guard.lock().expect("guard") = None; // not reported = unknown = open
+    let r = rig
+        .refused(
+            rig.req("cap.io.relay.v1", relay),
+            "MHS.SAFETY.INTERLOCK_OPEN",
+        )
+        .await;
+    assert_eq!(r["error"]["details"]["interlocks"][0]["state"], "unknown");
+    // Ungated capabilities still run.
+    assert_eq!(
+        rig.run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
+            .await["status"],
+        "completed"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_expected_revision_is_a_conflict() {
+    let rig = rig().await;
+    let mut r = rig.req("x-cap.test.dose.v1", json!({"amount": 1}));
+    r.expected_revision = Some(7);
+    let out = rig.refused(r, "MHS.CONFLICT.REVISION").await;
+    assert_eq!(out["error"]["details"]["revision"], 0);
+}
+
+#[tokio::test]
+async fn output_that_breaks_the_output_schema_fails_the_receipt() {
+    let rig = rig().await;
+    rig.driver.bad_output.store(true, Ordering::SeqCst);
+    let r = rig
+        .run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
+        .await;
+    assert_eq!(r["status"], "failed");
+    assert_eq!(r["error"]["mhs_code"], "MHS.ADAPTER.OUTPUT_INVALID");
+}
+
+#[tokio::test]
+async fn latch_refuses_effects_but_not_reads_and_reset_resumes_nothing() {
+    let rig = rig().await;
+    let stop = rig
+        .kernel
+        .estop(EstopRequest {
+            device_ids: vec!["rig-1".into()],
+            reason: "test".into(),
+            ..EstopRequest::default()
+        })
+        .await;
+    assert_eq!(stop["status"], "completed", "{stop}");
+    assert!(stop["latch_latency_ms"].as_f64().is_some());
+    rig.refused(
+        rig.req("x-cap.test.dose.v1", json!({"amount": 1})),
+        "MHS.SAFETY.ESTOP_ENGAGED",
+    )
+    .await;
+    let read = rig.run(rig.req("cap.state.read.v1", json!({}))).await;
+    assert_eq!(
+        read["status"], "completed",
+        "a catalogued read is exempt from the latch: {read}"
+    );
+    let reset = rig
+        .kernel
+        .reset(
+            &rig.p,
+            ResetRequest {
+                session_id: None,
+                device_id: "rig-1".into(),
+                reason: "done".into(),
+            },
+        )
+        .await
+        .expect("reset");
+    assert_eq!(reset["status"], "completed");
+    assert_eq!(reset["output"]["resumed"], false);
+    let again = rig
+        .kernel
+        .reset(
+            &rig.p,
+            ResetRequest {
+                session_id: None,
+                device_id: "rig-1".into(),
+                reason: "again".into(),
+            },
+        )
+        .await
+        .expect("reset");
+    assert_eq!(again["error"]["details"]["reason"], "not_latched");
+}
+
+#[tokio::test]
+async fn a_deadline_that_passes_while_waiting_for_the_device_is_a_timeout_before_dispatch() {
+    let rig = Arc::new(rig().await);
+    rig.driver.slow_ms.store(400, Ordering::SeqCst);
+    let first = {
+        let rig = rig.clone();
+        tokio::spawn(async move {
+            rig.run(rig.req("cap.io.relay.v1", json!({"channel": 0, "on": true})))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut second = rig.req("cap.io.relay.v1", json!({"channel": 1, "on": true}));
+    second.deadline = Some(Duration::from_millis(50));
+    let calls = rig.calls();
+    let r = rig.run(second).await;
+    assert_eq!(r["error"]["mhs_code"], "MHS.OUTCOME.TIMEOUT", "{r}");
+    assert_eq!(
+        r["error"]["details"]["reason"],
+        "deadline_exceeded_waiting_for_device_lock"
+    );
+    assert_eq!(rig.calls(), calls);
+    assert_eq!(first.await.expect("join")["status"], "completed");
+}
+
+#[tokio::test]
+async fn an_estop_cancels_a_running_operation() {
+    let rig = Arc::new(rig().await);
+    rig.driver.slow_ms.store(5_000, Ordering::SeqCst);
+    let running = {
+        let rig = rig.clone();
+        tokio::spawn(async move {
+            rig.run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stop = rig.kernel.estop(EstopRequest::default()).await;
+    assert_eq!(
+        stop["cancelled_operations"].as_array().map(Vec::len),
+        Some(1),
+        "{stop}"
+    );
+    let r = tokio::time::timeout(Duration::from_secs(2), running)
+        .await
+        .expect("cancelled promptly")
+        .expect("join");
+    assert_eq!(r["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn replay_returns_the_retained_receipt_and_reuse_is_refused() {
+    let rig = rig().await;
+    let mut a = rig.req("x-cap.test.dose.v1", json!({"amount": 2}));
+    a.command_id = Some("01AAAAAAAAAAAAAAAAAAAAAAAA".into());
+    let first = rig.run(a.clone()).await;
+    let again = rig.run(a.clone()).await;
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["receipt_id"], first["receipt_id"]);
+    assert_eq!(rig.calls(), 1, "a replay never reaches the driver");
+    a.input = json!({"amount": 3});
+    let reuse = rig.run(a).await;
+    assert_eq!(reuse["error"]["mhs_code"], "MHS.CONFLICT.COMMAND_ID_REUSE");
+    assert_eq!(reuse["error"]["details"]["reason"], "input_differs");
+}
+
+fn defects(text: &str, overlay: Option<&str>) -> String {
+    let src = vec![ManifestSource {
+        origin: "bad.toml".into(),
+        text: text.into(),
+    }];
+    let ov = overlay.map(|t| OverlaySource {
+        origin: "site-limits.json".into(),
+        text: t.into(),
+    });
+    match load(&src, ov.as_ref()) {
+        Ok(_) => String::new(),
+        Err(d) => d
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
+
+#[test]
+fn manifest_defects_name_the_file_the_device_and_the_field() {
+    let twice = MANIFEST.replace("[[bindings]]\ncapability_id = \"cap.state.read.v1\"\nresource = \"main\"", "[[bindings]]\ncapability_id = \"cap.state.read.v1\"\nresource = \"main\"\n[[bindings]]\ncapability_id = \"cap.state.read.v1\"\nresource = \"main\"");
+    let msg = defects(&twice, None);
+    assert!(
+        msg.contains("bad.toml")
+            && msg.contains("rig-1")
+            && msg.contains("bindings[6]")
+            && msg.contains("already bound"),
+        "{msg}"
+    );
+
+    let unknown = MANIFEST.replace(
+        "capability_id = \"cap.io.relay.v1\"",
+        "capability_id = \"cap.foo.bar.v1\"",
+    );
+    let msg = defects(&unknown, None);
+    assert!(
+        msg.contains("bindings[4].input_schema") && msg.contains("cap.foo.bar.v1"),
+        "{msg}"
+    );
+
+    let low = MANIFEST.replace("risk_class = \"R2\"", "risk_class = \"R0\"");
+    let msg = defects(&low, None);
+    assert!(
+        msg.contains("risk_class") && msg.contains("below the floor"),
+        "{msg}"
+    );
+
+    let typo = MANIFEST.replace(
+        "limits.amount = { min = -10, max = 10",
+        "limits.amount = { min = -10, maxx = 10",
+    );
+    let msg = defects(&typo, None);
+    assert!(
+        msg.contains("bindings[1].limits.amount") && msg.contains("maxx"),
+        "{msg}"
+    );
+
+    let unit = MANIFEST.replace("max = 10, unit = \"mL\"", "max = 10, unit = \"L\"");
+    assert!(
+        defects(&unit, None).contains("unit"),
+        "unit mismatch must be a load error"
+    );
+
+    let env_bad = format!("{MANIFEST}envelope = {{ \"motion\" = {{ amount = {{ max = 1 }} }} }}\n");
+    assert!(defects(&env_bad, None).contains("envelope-key-invalid"));
+    let env_unbound =
+        format!("{MANIFEST}envelope = {{ \"cap.motion.*\" = {{ speed = {{ max = 1 }} }} }}\n");
+    assert!(defects(&env_unbound, None).contains("envelope-unbound"));
+}
+
+#[test]
+fn overlay_defects_are_load_errors() {
+    let widening = defects(
+        MANIFEST,
+        Some(
+            r#"{"rig-1": {"x-cap.test.dose.v1": {"amount": {"max": 50, "unit": "mL", "source": "operator"}}}}"#,
+        ),
+    );
+    assert!(widening.contains("widening"), "{widening}");
+    let unbound = defects(
+        MANIFEST,
+        Some(r#"{"rig-1": {"cap.motion.move_to.v1": {"speed": {"max": 1}}}}"#),
+    );
+    assert!(unbound.contains("does not bind"), "{unbound}");
+    let device = defects(MANIFEST, Some(r#"{"nobody": {}}"#));
+    assert!(
+        device.contains("nobody") && device.contains("does not serve"),
+        "{device}"
+    );
+    let readonly = defects(MANIFEST, Some(r#"{"rig-1": {"temp": {"max": 1}}}"#));
+    assert!(readonly.contains("not a writable field"), "{readonly}");
+    assert_eq!(
+        defects(
+            MANIFEST,
+            Some(r#"{"rig-1": {"level": {"max": 60, "unit": "%", "source": "operator"}}}"#)
+        ),
+        ""
+    );
+}
+
+#[test]
+fn the_builtin_cell_loads_cleanly() {
+    let cell = load(
+        &[ManifestSource {
+            origin: "rig-1.toml".into(),
+            text: MANIFEST.into(),
+        }],
+        None,
+    )
+    .expect("loads");
+    assert_eq!(cell.devices.len(), 1);
+}

@@ -1,0 +1,78 @@
+//! JSON-RPC over HTTP: `POST /rpc` (and `GET /healthz`).
+//!
+//! Each request runs on its own task, so an e-stop is served while a long
+//! motion is in flight on another connection.
+
+use crate::rpc::{error_response, handle_text};
+use axum::body::{to_bytes, Body};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use tether_core::Code;
+use tether_kernel::{Kernel, Principal};
+
+#[derive(Clone)]
+struct AppState {
+    kernel: Kernel,
+}
+
+/// The router (exposed for in-process tests).
+pub fn router(kernel: Kernel) -> Router {
+    Router::new()
+        .route("/rpc", post(rpc))
+        .route("/healthz", get(healthz))
+        .with_state(AppState { kernel })
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+async fn rpc(State(state): State<AppState>, body: Body) -> Response {
+    let bytes = match to_bytes(body, crate::REQUEST_BYTES_MAX).await {
+        Ok(b) => b,
+        Err(_) => {
+            let e = error_response(
+                Value::Null,
+                Code::ProtocolTooLarge,
+                "request too large",
+                json!({"limit_bytes": crate::REQUEST_BYTES_MAX}),
+            );
+            return json_response(StatusCode::PAYLOAD_TOO_LARGE, &e);
+        }
+    };
+    let principal = Principal::local_agent();
+    match handle_text(&state.kernel, &principal, &bytes).await {
+        Some(v) => json_response(StatusCode::OK, &v),
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"ok": true, "uptime_s": state.kernel.uptime_s()}),
+    )
+}
+
+/// Serves until `shutdown` resolves.
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve(
+    kernel: Kernel,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(kernel))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,578 @@
+//! JSON-RPC 2.0 handling shared by every transport.
+//!
+//! A request is checked in this order: size, strict JSON (no duplicate keys,
+//! bounded depth, finite numbers), e-stop recognition (a request is an e-stop
+//! by what it asks for, so a malformed envelope still latches), envelope,
+//! method, params. Batches and notifications are refused with an error.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tether_core::catalogue;
+use tether_core::json::parse_strict;
+use tether_core::Code;
+use tether_kernel::{
+    ApiError, CommandRequest, EstopRequest, GrantRequest, Kernel, Principal, ReadRequest,
+    ResetRequest, SessionOpen,
+};
+
+/// Longest deadline a client may ask for, ms.
+const DEADLINE_MS_MAX: u64 = 86_400_000;
+
+/// A JSON-RPC error response.
+pub fn error_response(id: Value, code: Code, message: &str, details: Value) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": code.jsonrpc(),
+            "message": message,
+            "data": {"mhs_code": code.as_str(), "details": details, "retryable": code.retryable()},
+        }
+    })
+}
+
+fn api_error_response(id: Value, e: ApiError) -> Value {
+    error_response(id, e.code, &e.message, e.details)
+}
+
+/// Handles one request text; `None` means no answer (an e-stop notification).
+pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) -> Option<Value> {
+    if text.len() > crate::REQUEST_BYTES_MAX {
+        return Some(error_response(
+            Value::Null,
+            Code::ProtocolTooLarge,
+            "request too large",
+            json!({"limit_bytes": crate::REQUEST_BYTES_MAX, "size_bytes": text.len()}),
+        ));
+    }
+    let Ok(text) = std::str::from_utf8(text) else {
+        return Some(error_response(
+            Value::Null,
+            Code::ProtocolParseError,
+            "request is not UTF-8",
+            json!({"reason": "not_utf8"}),
+        ));
+    };
+    let value = match parse_strict(text) {
+        Ok(v) => v,
+        Err(msg) => {
+            return Some(error_response(
+                Value::Null,
+                Code::ProtocolParseError,
+                "parse error",
+                json!({"reason": "invalid_json", "message": msg}),
+            ))
+        }
+    };
+    handle_value(kernel, principal, value).await
+}
+
+/// Whether a JSON object asks for an e-stop (by method, whatever the envelope).
+fn estop_target(obj: &serde_json::Map<String, Value>) -> bool {
+    match obj.get("method").and_then(Value::as_str) {
+        Some("mhs.safety.estop") => true,
+        Some("mhs.command") => {
+            obj.get("params")
+                .and_then(|p| p.get("capability_id"))
+                .and_then(Value::as_str)
+                == Some(catalogue::ESTOP)
+        }
+        _ => false,
+    }
+}
+
+/// Handles a parsed value.
+pub async fn handle_value(kernel: &Kernel, principal: &Principal, value: Value) -> Option<Value> {
+    match value {
+        Value::Object(obj) => handle_object(kernel, principal, obj).await,
+        Value::Array(items) => {
+            // A batch is refused, but an e-stop inside it still latches.
+            let stop = items
+                .iter()
+                .filter_map(Value::as_object)
+                .find(|o| estop_target(o))
+                .cloned();
+            let mut details = json!({"reason": "batch_unsupported"});
+            if let Some(o) = stop {
+                let receipt =
+                    serve_malformed_estop(kernel, principal, &o, "sent inside a batch").await;
+                details["estop_served"] = json!(true);
+                details["receipt"] = receipt;
+            }
+            Some(error_response(
+                Value::Null,
+                Code::ProtocolInvalidRequest,
+                "batches are not supported; send one request at a time",
+                details,
+            ))
+        }
+        _ => Some(error_response(
+            Value::Null,
+            Code::ProtocolInvalidRequest,
+            "a request must be a JSON object",
+            json!({"reason": "not_an_object"}),
+        )),
+    }
+}
+
+fn envelope_defect(obj: &serde_json::Map<String, Value>) -> Option<(&'static str, String)> {
+    if obj.get("jsonrpc") != Some(&json!("2.0")) {
+        return Some(("jsonrpc_version", "\"jsonrpc\" must be \"2.0\"".into()));
+    }
+    match obj.get("id") {
+        None => {
+            return Some((
+                "notification",
+                "notifications are not supported; every request needs an id".into(),
+            ))
+        }
+        Some(Value::String(_)) => {}
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {}
+        Some(_) => return Some(("id_invalid", "id must be a string or an integer".into())),
+    }
+    if !obj.get("method").is_some_and(Value::is_string) {
+        return Some(("method_missing", "method must be a string".into()));
+    }
+    for k in obj.keys() {
+        if !matches!(k.as_str(), "jsonrpc" | "id" | "method" | "params") {
+            return Some(("unknown_member", format!("unknown envelope member `{k}`")));
+        }
+    }
+    None
+}
+
+fn usable_id(obj: &serde_json::Map<String, Value>) -> Value {
+    match obj.get("id") {
+        Some(Value::String(s)) => json!(s),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
+        _ => Value::Null,
+    }
+}
+
+async fn serve_malformed_estop(
+    kernel: &Kernel,
+    principal: &Principal,
+    obj: &serde_json::Map<String, Value>,
+    defect: &str,
+) -> Value {
+    // Params that cannot be used are ignored: the stop covers every device.
+    let params = obj.get("params").and_then(Value::as_object);
+    let device_ids: Vec<String> = params
+        .and_then(|p| p.get("device_id"))
+        .and_then(Value::as_str)
+        .map(|s| vec![s.to_owned()])
+        .into_iter()
+        .flatten()
+        .filter(|id| kernel.device_ids().contains(id))
+        .collect();
+    let reason = params
+        .and_then(|p| p.get("reason"))
+        .and_then(Value::as_str)
+        .unwrap_or("e-stop")
+        .chars()
+        .take(512)
+        .collect::<String>();
+    kernel
+        .estop(EstopRequest {
+            device_ids,
+            reason,
+            envelope_defect: Some(defect.to_owned()),
+            requested_by: Some(principal.clone()),
+            session_id: None,
+        })
+        .await
+}
+
+async fn handle_object(
+    kernel: &Kernel,
+    principal: &Principal,
+    obj: serde_json::Map<String, Value>,
+) -> Option<Value> {
+    let id = usable_id(&obj);
+    if let Some((reason, message)) = envelope_defect(&obj) {
+        if estop_target(&obj) {
+            let receipt = serve_malformed_estop(kernel, principal, &obj, &message).await;
+            if reason == "notification" {
+                return None;
+            }
+            return Some(error_response(
+                id,
+                Code::ProtocolInvalidRequest,
+                &message,
+                json!({"reason": reason, "estop_served": true, "receipt": receipt}),
+            ));
+        }
+        return Some(error_response(
+            id,
+            Code::ProtocolInvalidRequest,
+            &message,
+            json!({"reason": reason}),
+        ));
+    }
+    let method = obj
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let params = obj.get("params").cloned().unwrap_or_else(|| json!({}));
+    if !params.is_object() {
+        if estop_target(&obj) || method == "mhs.safety.estop" {
+            let receipt =
+                serve_malformed_estop(kernel, principal, &obj, "params is not an object").await;
+            return Some(error_response(
+                id,
+                Code::ProtocolInvalidParams,
+                "params must be an object",
+                json!({"reason": "params_not_object", "estop_served": true, "receipt": receipt}),
+            ));
+        }
+        return Some(error_response(
+            id,
+            Code::ProtocolInvalidParams,
+            "params must be an object",
+            json!({"reason": "params_not_object"}),
+        ));
+    }
+    let answer = dispatch(kernel, principal, &method, params).await;
+    Some(match answer {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(e) => api_error_response(id, e),
+    })
+}
+
+fn parse<T: DeserializeOwned>(params: Value) -> Result<T, ApiError> {
+    serde_json::from_value(params).map_err(|e| {
+        ApiError::new(
+            Code::ProtocolInvalidParams,
+            format!("invalid params: {e}"),
+            json!({"reason": "params_invalid", "message": e.to_string()}),
+        )
+    })
+}
+
+fn deadline(ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
+    match ms {
+        None => Ok(None),
+        Some(ms) if (1..=DEADLINE_MS_MAX).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
+        Some(_) => Err(ApiError::new(
+            Code::ProtocolInvalidParams,
+            "deadline_ms must be between 1 and 86400000",
+            json!({"reason": "deadline_invalid"}),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HelloParams {
+    #[serde(default)]
+    #[allow(dead_code)]
+    client: Option<Value>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    mhs_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceParams {
+    device_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusParams {
+    #[serde(default)]
+    device_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum GrantParam {
+    Class(String),
+    Binding {
+        capability_id: String,
+        resource: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenParams {
+    #[serde(default)]
+    device_ids: Option<Vec<String>>,
+    #[serde(default)]
+    device_id: Option<String>,
+    #[serde(default)]
+    capabilities: Option<Vec<GrantParam>>,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    client: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionParams {
+    session_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadParams {
+    #[serde(default)]
+    session_id: Option<String>,
+    device_id: String,
+    resource: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteParams {
+    #[serde(default)]
+    session_id: Option<String>,
+    device_id: String,
+    resource: String,
+    patch: Value,
+    #[serde(default)]
+    capability_id: Option<String>,
+    #[serde(default)]
+    command_id: Option<String>,
+    #[serde(default)]
+    expected_revision: Option<u64>,
+    #[serde(default)]
+    deadline_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommandParams {
+    #[serde(default)]
+    session_id: Option<String>,
+    device_id: String,
+    capability_id: String,
+    #[serde(default)]
+    resource: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    command_id: Option<String>,
+    #[serde(default)]
+    expected_revision: Option<u64>,
+    #[serde(default)]
+    deadline_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetParams {
+    device_id: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    command_id: Option<String>,
+}
+
+/// Params of an e-stop are read leniently: nothing about them may prevent the stop.
+fn estop_request(
+    principal: &Principal,
+    params: &Value,
+    kernel: &Kernel,
+) -> (EstopRequest, Option<ApiError>) {
+    let mut ids = Vec::new();
+    let mut error = None;
+    let mut add = |v: &Value| match v.as_str() {
+        Some(id) if kernel.device_ids().iter().any(|d| d == id) => ids.push(id.to_owned()),
+        Some(id) => {
+            error = Some(ApiError::new(
+                Code::DeviceUnknown,
+                format!("no device `{id}` is served here"),
+                json!({"device_id": id}),
+            ));
+        }
+        None => {}
+    };
+    if let Some(v) = params.get("device_id") {
+        add(v);
+    }
+    if let Some(Value::Array(list)) = params.get("device_ids") {
+        list.iter().take(1024).for_each(&mut add);
+    }
+    let reason = params
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .chars()
+        .take(512)
+        .collect();
+    let session_id = params
+        .get("session_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    (
+        EstopRequest {
+            device_ids: ids,
+            reason,
+            envelope_defect: None,
+            requested_by: Some(principal.clone()),
+            session_id,
+        },
+        error,
+    )
+}
+
+async fn dispatch(
+    kernel: &Kernel,
+    p: &Principal,
+    method: &str,
+    params: Value,
+) -> Result<Value, ApiError> {
+    match method {
+        "mhs.hello" => {
+            let _: HelloParams = parse(params)?;
+            Ok(kernel.hello(p))
+        }
+        "mhs.devices.list" => {
+            let _: HelloParams = parse(params)?;
+            Ok(kernel.devices_list())
+        }
+        "mhs.devices.get" => {
+            let q: DeviceParams = parse(params)?;
+            kernel.device_get(&q.device_id)
+        }
+        "mhs.session.open" => {
+            let q: OpenParams = parse(params)?;
+            let device_ids = match (q.device_ids, q.device_id) {
+                (Some(mut ids), Some(one)) => {
+                    ids.push(one);
+                    Some(ids)
+                }
+                (ids, one) => ids.or(one.map(|d| vec![d])),
+            };
+            let capabilities = q.capabilities.map(|list| {
+                list.into_iter()
+                    .map(|g| match g {
+                        GrantParam::Class(c) => GrantRequest::Class(c),
+                        GrantParam::Binding {
+                            capability_id,
+                            resource,
+                        } => GrantRequest::Binding {
+                            capability_id,
+                            resource,
+                        },
+                    })
+                    .collect()
+            });
+            kernel
+                .session_open(
+                    p,
+                    SessionOpen {
+                        device_ids,
+                        capabilities,
+                        ttl_ms: q.ttl_ms,
+                    },
+                )
+                .await
+        }
+        "mhs.session.heartbeat" => {
+            let q: SessionParams = parse(params)?;
+            kernel.session_heartbeat(p, &q.session_id)
+        }
+        "mhs.session.close" => {
+            let q: SessionParams = parse(params)?;
+            kernel.session_close(p, &q.session_id).await
+        }
+        "mhs.resource.read" => {
+            let q: ReadParams = parse(params)?;
+            kernel
+                .read(
+                    p,
+                    ReadRequest {
+                        session_id: q.session_id,
+                        device_id: q.device_id,
+                        resource: q.resource,
+                    },
+                )
+                .await
+        }
+        "mhs.resource.write" => {
+            let q: WriteParams = parse(params)?;
+            let req = CommandRequest {
+                session_id: q.session_id,
+                device_id: q.device_id,
+                capability_id: q.capability_id.unwrap_or_default(),
+                resource: Some(q.resource),
+                input: q.patch,
+                command_id: q.command_id,
+                deadline: deadline(q.deadline_ms)?,
+                expected_revision: q.expected_revision,
+            };
+            kernel.write(p, req).await
+        }
+        "mhs.command"
+            if params.get("capability_id").and_then(Value::as_str) == Some(catalogue::ESTOP) =>
+        {
+            // The command form of the e-stop shares the e-stop path: it needs no
+            // session, grant or valid command_id, and is never refused by them.
+            let mut stop = params.clone();
+            if let Some(reason) = params.get("input").and_then(|i| i.get("reason")) {
+                stop["reason"] = reason.clone();
+            }
+            let (req, error) = estop_request(p, &stop, kernel);
+            match error {
+                Some(e) if req.device_ids.is_empty() => Err(e),
+                _ => Ok(kernel.estop(req).await),
+            }
+        }
+        "mhs.command" => {
+            let q: CommandParams = parse(params)?;
+            let req = CommandRequest {
+                session_id: q.session_id,
+                device_id: q.device_id,
+                capability_id: q.capability_id,
+                resource: q.resource,
+                input: q.input.unwrap_or_else(|| json!({})),
+                command_id: q.command_id,
+                deadline: deadline(q.deadline_ms)?,
+                expected_revision: q.expected_revision,
+            };
+            kernel.command(p, req).await
+        }
+        "mhs.safety.estop" => {
+            let (req, error) = estop_request(p, &params, kernel);
+            match error {
+                // A well-formed but unknown device id stops nothing.
+                Some(e) if req.device_ids.is_empty() => Err(e),
+                _ => Ok(kernel.estop(req).await),
+            }
+        }
+        "mhs.safety.reset" => {
+            let q: ResetParams = parse(params)?;
+            kernel
+                .reset(
+                    p,
+                    ResetRequest {
+                        session_id: q.session_id,
+                        device_id: q.device_id,
+                        reason: q.reason.unwrap_or_default(),
+                    },
+                )
+                .await
+        }
+        "mhs.safety.status" => {
+            let q: StatusParams = parse(params)?;
+            kernel.safety_status(q.device_id.as_deref())
+        }
+        other => Err(ApiError::new(
+            Code::ProtocolMethodNotFound,
+            format!("no method `{other}`"),
+            json!({"method": other, "methods": kernel.hello(p)["methods"].clone()}),
+        )),
+    }
+}

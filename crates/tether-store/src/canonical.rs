@@ -1,0 +1,484 @@
+//! RFC 8785 (JSON Canonicalization Scheme) serialisation and SHA-256 helpers.
+//!
+//! The evidence chain hashes the canonical form of every entry, and the kernel
+//! digests command inputs the same way, so two processes (or two versions of
+//! Tether) that hold equal JSON values always agree on the bytes. The rules:
+//!
+//! * object members are sorted by the UTF-16 code units of their names (not by
+//!   UTF-8 bytes: a name with a character above U+FFFF sorts *before* one with
+//!   a character in U+E000..=U+FFFF);
+//! * no insignificant whitespace;
+//! * strings carry only the required escapes (`\"`, `\\`, `\b`, `\f`, `\n`,
+//!   `\r`, `\t`, other control characters as `\u00xx` in lower case); every
+//!   other character, including non-ASCII, is written as-is in UTF-8;
+//! * numbers are written as ECMAScript `Number.prototype.toString` writes the
+//!   IEEE-754 double they denote; integers held as `i64`/`u64` are first
+//!   converted to `f64` (so integers beyond 2^53 lose precision exactly as they
+//!   would in JavaScript), and `-0` is written `0`.
+//!
+//! The writer appends straight into one `String` buffer; no intermediate
+//! values are built except a small sorted index for objects whose members are
+//! not already in UTF-16 order.
+
+use serde_json::{Map, Number, Value};
+use sha2::{Digest, Sha256};
+use std::cmp::Ordering;
+
+/// Serialise `v` in RFC 8785 canonical form.
+pub fn to_canonical_string(v: &Value) -> String {
+    let mut out = String::with_capacity(128);
+    write_canonical(v, &mut out);
+    out
+}
+
+/// Append the RFC 8785 canonical form of `v` to `out`.
+///
+/// Recursion follows the nesting of `v`; values parsed by `serde_json` are at
+/// most 128 levels deep, and the store refuses deeper entry bodies before they
+/// reach this writer (see [`write_canonical_bounded`]).
+pub fn write_canonical(v: &Value, out: &mut String) {
+    // An unlimited depth cannot fail.
+    let _ = write_value(v, out, usize::MAX);
+}
+
+/// Write the canonical form of `v` to an [`std::io::Write`] sink.
+pub fn write_canonical_to<W: std::io::Write + ?Sized>(v: &Value, w: &mut W) -> std::io::Result<()> {
+    w.write_all(to_canonical_string(v).as_bytes())
+}
+
+/// Nesting deeper than the limit given to [`write_canonical_bounded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooDeep;
+
+/// Like [`write_canonical`], but refuses values nested deeper than `max_depth`
+/// arrays/objects (the top-level container counts as depth 1). On error `out`
+/// holds a partial serialisation and must be discarded.
+pub fn write_canonical_bounded(
+    v: &Value,
+    out: &mut String,
+    max_depth: usize,
+) -> Result<(), TooDeep> {
+    write_value(v, out, max_depth)
+}
+
+/// `sha256:` followed by the lower-case hex SHA-256 of the canonical form of
+/// `v`: the input digest of a command.
+pub fn digest(v: &Value) -> String {
+    let mut s = String::with_capacity(7 + 64);
+    s.push_str("sha256:");
+    s.push_str(&sha256_hex(to_canonical_string(v)));
+    s
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
+    hex::encode(Sha256::digest(bytes.as_ref()))
+}
+
+fn write_value(v: &Value, out: &mut String, depth_left: usize) -> Result<(), TooDeep> {
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Number(n) => write_number(n, out),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            let depth_left = enter(depth_left)?;
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(item, out, depth_left)?;
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let depth_left = enter(depth_left)?;
+            write_object(map, out, depth_left)?;
+        }
+    }
+    Ok(())
+}
+
+fn enter(depth_left: usize) -> Result<usize, TooDeep> {
+    depth_left.checked_sub(1).ok_or(TooDeep)
+}
+
+fn write_object(
+    map: &Map<String, Value>,
+    out: &mut String,
+    depth_left: usize,
+) -> Result<(), TooDeep> {
+    out.push('{');
+    // serde_json's default map is a BTreeMap ordered by UTF-8 bytes, which
+    // already equals UTF-16 order unless names mix supplementary characters
+    // with U+E000..=U+FFFF. Checking adjacent pairs is O(n) and lets the common
+    // case skip the allocation and sort; it also keeps us correct if another
+    // crate in the build turns on serde_json's `preserve_order`.
+    let mut sorted = true;
+    let mut prev: Option<&str> = None;
+    for k in map.keys() {
+        if let Some(p) = prev {
+            if cmp_utf16(p, k) != Ordering::Less {
+                sorted = false;
+                break;
+            }
+        }
+        prev = Some(k);
+    }
+    if sorted {
+        for (i, (k, v)) in map.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            write_string(k, out);
+            out.push(':');
+            write_value(v, out, depth_left)?;
+        }
+    } else {
+        let mut members: Vec<(&String, &Value)> = map.iter().collect();
+        members.sort_by(|a, b| cmp_utf16(a.0, b.0));
+        for (i, (k, v)) in members.into_iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            write_string(k, out);
+            out.push(':');
+            write_value(v, out, depth_left)?;
+        }
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// Compare two strings by their UTF-16 code units.
+///
+/// UTF-8 byte order equals code point order, and code point order equals
+/// UTF-16 order except when, at the first difference, one character is in
+/// U+E000..=U+FFFF (UTF-8 lead byte 0xEE/0xEF) and the other is above U+FFFF
+/// (lead byte 0xF0..=0xF4): its surrogate (0xD800..=0xDBFF) sorts lower.
+/// Differing bytes that are both >= 0xEE are necessarily lead bytes, because
+/// continuation bytes are < 0xC0 — so a byte scan decides every case.
+pub fn cmp_utf16(a: &str, b: &str) -> Ordering {
+    let (ab, bb) = (a.as_bytes(), b.as_bytes());
+    let common = ab.iter().zip(bb.iter()).take_while(|(x, y)| x == y).count();
+    match (ab.get(common), bb.get(common)) {
+        (Some(&x), Some(&y)) => {
+            let (sup_x, sup_y) = (x >= 0xF0, y >= 0xF0);
+            if x >= 0xEE && y >= 0xEE && sup_x != sup_y {
+                if sup_x {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                }
+            } else {
+                x.cmp(&y)
+            }
+        }
+        _ => ab.len().cmp(&bb.len()),
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Append `s` as a JSON string literal with only the escapes RFC 8785 requires.
+pub fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        // Copy the run of bytes that needed no escape in one go. Slicing at
+        // `i` is on a char boundary because `b` is ASCII.
+        out.push_str(&s[start..i]);
+        if esc.is_empty() {
+            out.push_str("\\u00");
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 0x0f) as usize] as char);
+        } else {
+            out.push_str(esc);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
+/// 2^53: every integer of smaller magnitude is exactly representable in an f64.
+const EXACT_INT: u64 = 1 << 53;
+
+fn write_number(n: &Number, out: &mut String) {
+    if let Some(u) = n.as_u64() {
+        if u <= EXACT_INT {
+            write_u64(u, out);
+            return;
+        }
+    } else if let Some(i) = n.as_i64() {
+        if i.unsigned_abs() <= EXACT_INT {
+            if i < 0 {
+                out.push('-');
+            }
+            write_u64(i.unsigned_abs(), out);
+            return;
+        }
+    }
+    // Non-integers, and integers beyond 2^53, go through the f64 they denote.
+    // serde_json never holds NaN or infinities, but map them to null rather
+    // than emit something that is not JSON.
+    write_f64(n.as_f64().unwrap_or(f64::NAN), out);
+}
+
+/// Append an f64 the way ECMAScript's `Number.prototype.toString` does.
+pub fn write_f64(f: f64, out: &mut String) {
+    if !f.is_finite() {
+        out.push_str("null");
+    } else if f == 0.0 {
+        // Covers -0, which ECMAScript prints as "0".
+        out.push('0');
+    } else {
+        let mut buf = ryu_js::Buffer::new();
+        out.push_str(buf.format_finite(f));
+    }
+}
+
+/// Append a u64 in decimal (for integers below 2^53 this is also the
+/// ECMAScript form).
+pub fn write_u64(mut u: u64, out: &mut String) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    // At most 20 iterations: u64::MAX has 20 decimal digits.
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (u % 10) as u8;
+        u /= 10;
+        if u == 0 {
+            break;
+        }
+    }
+    for &d in &buf[i..] {
+        out.push(d as char);
+    }
+}
+
+/// Append a u64 as the canonical JSON number for its f64 value.
+pub(crate) fn write_u64_number(u: u64, out: &mut String) {
+    if u <= EXACT_INT {
+        write_u64(u, out);
+    } else {
+        write_f64(u as f64, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn num(f: f64) -> String {
+        let mut s = String::new();
+        write_f64(f, &mut s);
+        s
+    }
+
+    #[test]
+    fn rfc8785_number_vectors() {
+        // From RFC 8785 appendix B and the ECMAScript Number serialisation.
+        let cases: &[(u64, &str)] = &[
+            (0x0000000000000000, "0"),
+            (0x8000000000000000, "0"),
+            (0x0000000000000001, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0xffefffffffffffff, "-1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0xc340000000000000, "-9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555553, "333333333.3333332"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0x41b3de4355555555, "333333333.3333333"),
+            (0x41b3de4355555556, "333333333.3333334"),
+            (0x41b3de4355555557, "333333333.33333343"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+        ];
+        for (bits, want) in cases {
+            assert_eq!(num(f64::from_bits(*bits)), *want, "bits {bits:#018x}");
+        }
+        assert_eq!(num(1e21), "1e+21");
+        assert_eq!(num(1e-7), "1e-7");
+        assert_eq!(num(0.000001), "0.000001");
+        assert_eq!(num(1e20), "100000000000000000000");
+        assert_eq!(num(-1.5), "-1.5");
+        assert_eq!(num(f64::NAN), "null");
+    }
+
+    #[test]
+    fn integers_go_through_f64() {
+        assert_eq!(to_canonical_string(&json!(0)), "0");
+        assert_eq!(to_canonical_string(&json!(-0.0)), "0");
+        assert_eq!(to_canonical_string(&json!(42)), "42");
+        assert_eq!(to_canonical_string(&json!(-42)), "-42");
+        assert_eq!(to_canonical_string(&json!(1.0)), "1");
+        assert_eq!(
+            to_canonical_string(&json!(9007199254740993u64)),
+            "9007199254740992"
+        );
+        assert_eq!(
+            to_canonical_string(&json!(u64::MAX)),
+            "18446744073709552000"
+        );
+        assert_eq!(
+            to_canonical_string(&json!(i64::MIN)),
+            "-9223372036854776000"
+        );
+    }
+
+    #[test]
+    fn rfc8785_sample_object() {
+        // RFC 8785 §3.2.2 input (numbers as f64 after parsing).
+        let input = r#"{
+            "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+            "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+            "literals": [null, true, false]
+        }"#;
+        let v: Value = serde_json::from_str(input).expect("valid test input");
+        assert_eq!(
+            to_canonical_string(&v),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+    }
+
+    #[test]
+    fn keys_sort_by_utf16_code_units() {
+        // U+1F600 (surrogates D83D DE00) sorts before U+E000 in UTF-16 but
+        // after it in UTF-8 / code point order.
+        let mut m = Map::new();
+        m.insert("\u{E000}".into(), json!(1));
+        m.insert("\u{1F600}".into(), json!(2));
+        m.insert("a".into(), json!(3));
+        let s = to_canonical_string(&Value::Object(m));
+        assert_eq!(s, "{\"a\":3,\"\u{1F600}\":2,\"\u{E000}\":1}");
+
+        // RFC 8785 §3.2.3 sorting example.
+        let v: Value = serde_json::from_str(
+            r#"{"\u20ac":"Euro Sign","\r":"Carriage Return","\ufb33":"Hebrew Letter Dalet With Dagesh","1":"One","\ud83d\ude00":"Emoji: Grinning Face","\u0080":"Control","\u00f6":"Latin Small Letter O With Diaeresis"}"#,
+        )
+        .expect("valid test input");
+        let want = "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\
+            \"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\
+            \"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}";
+        assert_eq!(to_canonical_string(&v), want);
+    }
+
+    #[test]
+    fn string_escapes() {
+        let v = json!("a\"b\\c\u{8}\u{c}\n\r\t\u{0}\u{1f}\u{7f}é/");
+        assert_eq!(
+            to_canonical_string(&v),
+            "\"a\\\"b\\\\c\\b\\f\\n\\r\\t\\u0000\\u001f\u{7f}é/\""
+        );
+    }
+
+    #[test]
+    fn nested_and_whitespace_free() {
+        let v = json!({"b": [1, {"z": null, "a": true}], "a": {}, "c": []});
+        assert_eq!(
+            to_canonical_string(&v),
+            r#"{"a":{},"b":[1,{"a":true,"z":null}],"c":[]}"#
+        );
+    }
+
+    #[test]
+    fn digest_and_hash() {
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        let d = digest(&json!({"b": 1, "a": 2}));
+        assert_eq!(d, format!("sha256:{}", sha256_hex(br#"{"a":2,"b":1}"#)));
+    }
+
+    #[test]
+    fn bounded_depth() {
+        let v = json!({"a": [[1]]});
+        let mut s = String::new();
+        assert_eq!(write_canonical_bounded(&v, &mut s, 3), Ok(()));
+        let mut s = String::new();
+        assert_eq!(write_canonical_bounded(&v, &mut s, 2), Err(TooDeep));
+        let mut s = String::new();
+        assert_eq!(write_canonical_bounded(&json!(1), &mut s, 0), Ok(()));
+    }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn utf16_cmp_reference(a: &str, b: &str) -> Ordering {
+            a.encode_utf16().cmp(b.encode_utf16())
+        }
+
+        fn interesting_char() -> impl Strategy<Value = char> {
+            prop_oneof![
+                any::<char>(),
+                proptest::char::range('\u{E000}', '\u{FFFF}'),
+                proptest::char::range('\u{10000}', '\u{10FFFF}'),
+                proptest::char::range('a', 'c'),
+            ]
+        }
+
+        fn interesting_string() -> impl Strategy<Value = String> {
+            proptest::collection::vec(interesting_char(), 0..4)
+                .prop_map(|v| v.into_iter().collect())
+        }
+
+        proptest! {
+            #[test]
+            fn cmp_utf16_matches_reference(a in interesting_string(), b in interesting_string()) {
+                prop_assert_eq!(cmp_utf16(&a, &b), utf16_cmp_reference(&a, &b));
+            }
+
+            #[test]
+            fn f64_round_trips(bits in any::<u64>()) {
+                let f = f64::from_bits(bits);
+                prop_assume!(f.is_finite());
+                let s = num_str(f);
+                let back: f64 = s.parse().map_err(|_| TestCaseError::fail("unparseable"))?;
+                prop_assert_eq!(back, if f == 0.0 { 0.0 } else { f });
+            }
+
+            #[test]
+            fn canonical_round_trips(s in "\\PC*", f in any::<f64>()) {
+                prop_assume!(f.is_finite());
+                let v = serde_json::json!({"s": s, "f": f, "k": {"x": [s.clone()]}});
+                let c = to_canonical_string(&v);
+                let back: Value = serde_json::from_str(&c).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(to_canonical_string(&back), c);
+            }
+        }
+
+        fn num_str(f: f64) -> String {
+            let mut s = String::new();
+            write_f64(f, &mut s);
+            s
+        }
+    }
+}

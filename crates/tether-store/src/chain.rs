@@ -1,0 +1,255 @@
+//! The evidence-chain entry format: sealing new entries and checking stored ones.
+//!
+//! An entry is the JSON object
+//! `{"seq", "ts_ms", "kind", "body", "prev_hash", "hash"}` where `hash` is the
+//! lower-case hex SHA-256 of the RFC 8785 form of the entry *without* `hash`,
+//! and `prev_hash` is the previous entry's `hash` (64 zeros for seq 1). The
+//! stored and exported text of an entry is the canonical form of the whole
+//! object, `hash` included, so every byte of it is determined by its content.
+
+use crate::canonical::{self, sha256_hex, write_string, write_u64_number};
+use serde_json::{Map, Value};
+
+/// `prev_hash` of the first entry.
+pub const GENESIS_PREV_HASH: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Largest canonical entry (one line of the export) the store accepts or a
+/// verifier reads. Keeps a single event from bloating a batch or a verifier
+/// from reading an unbounded line.
+pub const MAX_ENTRY_BYTES: usize = 4 << 20;
+
+/// Deepest nesting of arrays/objects accepted in an event body, a receipt or a
+/// latch's info. `serde_json` refuses to parse beyond 128 levels, so anything
+/// stored must stay well below that for `verify` to be able to read it back.
+pub const MAX_BODY_DEPTH: usize = 64;
+
+/// The member names of an entry, in canonical (sorted) order.
+pub(crate) const MEMBERS: [&str; 6] = ["body", "hash", "kind", "prev_hash", "seq", "ts_ms"];
+
+/// A sealed entry: its hash and its canonical text (hash included).
+pub(crate) struct Sealed {
+    pub hash: String,
+    pub line: String,
+}
+
+/// Seal one entry from its pre-serialised canonical parts.
+///
+/// `kind_json` and `body_json` are already canonical JSON (a string literal
+/// and an object); the rest is spliced around them so the body is never
+/// re-serialised on the writer thread. `scratch` is reused between calls to
+/// avoid an allocation per entry.
+pub(crate) fn seal(
+    seq: u64,
+    ts_ms: u64,
+    kind_json: &str,
+    body_json: &str,
+    prev_hash: &str,
+    scratch: &mut String,
+) -> Sealed {
+    // Members after "hash" in sorted order: kind, prev_hash, seq, ts_ms.
+    scratch.clear();
+    scratch.push_str(",\"kind\":");
+    scratch.push_str(kind_json);
+    scratch.push_str(",\"prev_hash\":\"");
+    scratch.push_str(prev_hash);
+    scratch.push_str("\",\"seq\":");
+    write_u64_number(seq, scratch);
+    scratch.push_str(",\"ts_ms\":");
+    write_u64_number(ts_ms, scratch);
+    scratch.push('}');
+    let tail = scratch.as_str();
+
+    let mut line = String::with_capacity(body_json.len() + tail.len() + 90);
+    line.push_str("{\"body\":");
+    line.push_str(body_json);
+    line.push_str(tail);
+    let hash = sha256_hex(line.as_bytes());
+
+    // Rebuild as the full entry: insert the hash member after "body".
+    line.truncate(8 + body_json.len());
+    line.push_str(",\"hash\":\"");
+    line.push_str(&hash);
+    line.push('"');
+    line.push_str(tail);
+    Sealed { hash, line }
+}
+
+/// Canonical JSON string literal for an event kind.
+pub(crate) fn kind_json(kind: &str) -> String {
+    let mut s = String::with_capacity(kind.len() + 2);
+    write_string(kind, &mut s);
+    s
+}
+
+/// What a self-consistent entry says about its place in the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryLink {
+    pub seq: u64,
+    pub hash: String,
+    pub prev_hash: String,
+}
+
+/// Why an entry's text is broken, and its `seq` when that could be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryError {
+    pub reason: String,
+    pub seq: Option<u64>,
+}
+
+impl EntryError {
+    fn new(reason: impl Into<String>, seq: Option<u64>) -> Self {
+        EntryError {
+            reason: reason.into(),
+            seq,
+        }
+    }
+}
+
+/// Check one entry's text on its own: it parses, has exactly the entry
+/// members with the right types, is in canonical form, and its hash
+/// recomputes.
+pub(crate) fn check_entry_text(line: &[u8]) -> Result<EntryLink, EntryError> {
+    if line.len() > MAX_ENTRY_BYTES {
+        return Err(EntryError::new(
+            format!("line longer than {MAX_ENTRY_BYTES} bytes"),
+            None,
+        ));
+    }
+    let text = std::str::from_utf8(line)
+        .map_err(|_| EntryError::new("unparseable line: not UTF-8", None))?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| EntryError::new(format!("unparseable line: {e}"), None))?;
+    let Value::Object(map) = &value else {
+        return Err(EntryError::new("entry is not a JSON object", None));
+    };
+    let seq = map.get("seq").and_then(Value::as_u64);
+    let link = check_members(map).map_err(|r| EntryError::new(r, seq))?;
+    // Canonical form is what makes every byte significant: without it a
+    // re-spelled escape or exponent would leave the parsed value (and so the
+    // hash) unchanged.
+    if canonical::to_canonical_string(&value) != text {
+        return Err(EntryError::new("line is not in canonical form", seq));
+    }
+    let Value::Object(mut without_hash) = value else {
+        return Err(EntryError::new("entry is not a JSON object", seq));
+    };
+    without_hash.remove("hash");
+    if sha256_hex(canonical::to_canonical_string(&Value::Object(without_hash))) != link.hash {
+        return Err(EntryError::new("hash mismatch", seq));
+    }
+    Ok(link)
+}
+
+fn check_members(map: &Map<String, Value>) -> Result<EntryLink, String> {
+    for name in MEMBERS {
+        if !map.contains_key(name) {
+            return Err(format!("missing member \"{name}\""));
+        }
+    }
+    if let Some(extra) = map.keys().find(|k| !MEMBERS.contains(&k.as_str())) {
+        return Err(format!("unexpected member \"{extra}\""));
+    }
+    let seq = map
+        .get("seq")
+        .and_then(Value::as_u64)
+        .filter(|s| *s >= 1)
+        .ok_or("seq is not a positive integer")?;
+    map.get("ts_ms")
+        .and_then(Value::as_u64)
+        .ok_or("ts_ms is not a non-negative integer")?;
+    map.get("kind")
+        .and_then(Value::as_str)
+        .ok_or("kind is not a string")?;
+    map.get("body")
+        .and_then(Value::as_object)
+        .ok_or("body is not an object")?;
+    let hash = hex_member(map, "hash")?;
+    let prev_hash = hex_member(map, "prev_hash")?;
+    Ok(EntryLink {
+        seq,
+        hash,
+        prev_hash,
+    })
+}
+
+fn hex_member(map: &Map<String, Value>, name: &str) -> Result<String, String> {
+    match map.get(name).and_then(Value::as_str) {
+        Some(s) if is_hash_hex(s) => Ok(s.to_string()),
+        _ => Err(format!("{name} is not 64 lower-case hex digits")),
+    }
+}
+
+/// 64 lower-case hex digits.
+pub(crate) fn is_hash_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sealed_line_is_canonical_entry() {
+        let body = json!({"z": 1, "a": "x\ny", "n": 1.5});
+        let mut scratch = String::new();
+        let s = seal(
+            7,
+            1_700_000_000_123,
+            &kind_json("command.started"),
+            &canonical::to_canonical_string(&body),
+            GENESIS_PREV_HASH,
+            &mut scratch,
+        );
+        let without = json!({
+            "seq": 7, "ts_ms": 1_700_000_000_123u64, "kind": "command.started",
+            "body": body, "prev_hash": GENESIS_PREV_HASH,
+        });
+        let want_hash = sha256_hex(canonical::to_canonical_string(&without));
+        assert_eq!(s.hash, want_hash);
+        let mut with = without.clone();
+        with["hash"] = json!(want_hash);
+        assert_eq!(s.line, canonical::to_canonical_string(&with));
+        let link = check_entry_text(s.line.as_bytes()).expect("intact entry");
+        assert_eq!(link.seq, 7);
+        assert_eq!(link.prev_hash, GENESIS_PREV_HASH);
+    }
+
+    #[test]
+    fn broken_entries_are_named() {
+        let mut scratch = String::new();
+        let s = seal(1, 5, &kind_json("k"), "{}", GENESIS_PREV_HASH, &mut scratch);
+        let tampered = s.line.replace("\"ts_ms\":5", "\"ts_ms\":6");
+        assert_eq!(reason(&tampered), "hash mismatch");
+        let spaced = s.line.replace("\"seq\":1", "\"seq\": 1");
+        assert_eq!(reason(&spaced), "line is not in canonical form");
+        let ctl = seal(
+            1,
+            5,
+            &kind_json("k"),
+            "{\"a\":\"\\u001f\"}",
+            GENESIS_PREV_HASH,
+            &mut scratch,
+        );
+        assert_eq!(reason(&ctl.line), "ok");
+        // Same parsed value, different bytes: only the canonical check sees it.
+        assert_eq!(
+            reason(&ctl.line.replace("u001f", "u001F")),
+            "line is not in canonical form"
+        );
+        assert!(reason("{").starts_with("unparseable line"));
+        assert_eq!(reason(r#"{"seq":1}"#), "missing member \"body\"");
+        let extra = s.line.replace("{\"body\"", "{\"aaa\":1,\"body\"");
+        assert_eq!(reason(&extra), "unexpected member \"aaa\"");
+    }
+
+    fn reason(line: &str) -> String {
+        match check_entry_text(line.as_bytes()) {
+            Ok(_) => "ok".into(),
+            Err(e) => e.reason,
+        }
+    }
+}

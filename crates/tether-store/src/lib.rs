@@ -1,0 +1,253 @@
+//! # tether-store — Tether's durable state behind one trait
+//!
+//! **Owns:** the hash-chained evidence log (RFC 8785 canonical JSON + SHA-256,
+//! see [`canonical`] and [`verify`]), receipts by `command_id`, e-stop latches,
+//! resource revisions and the budget journal — and the group-commit writer that
+//! makes each [`Commit`] durable (fsynced) before its caller is answered.
+//!
+//! **Never belongs here:** decisions, policy, limits evaluation, device I/O, or
+//! any interpretation of what an event body means. The store records what the
+//! kernel tells it to, in order, atomically per commit.
+//!
+//! **Depended on by:** `tether-kernel` (all durable writes go through
+//! [`Store::submit`]) and the CLI's audit commands ([`verify::verify_store`],
+//! [`Store::export_chain`]). It depends on no other Tether crate.
+//!
+//! ## Implementations
+//!
+//! * [`SqliteStore`] — one SQLite file `tether.db` per state directory, WAL,
+//!   `synchronous=FULL`. A single writer thread owns the write connection and
+//!   the chain head; everything queued is applied in one transaction and made
+//!   durable by one fsync (group commit), then every caller's `done` runs.
+//! * [`MemoryStore`] — the same behaviour (same writer thread and batching)
+//!   without durability, for tests and in-process benchmarks.
+//!
+//! ## Commit semantics
+//!
+//! A [`Commit`] is atomic: its events, receipts, revisions, latches and budget
+//! rows are all stored or none are. Commits are applied in submission order.
+//! Events are appended to the chain with contiguous `seq` numbers in the order
+//! given. A commit whose receipt `command_id` (or budget `reservation_id`) is
+//! already stored fails alone with [`StoreError::Conflict`]; the rest of its
+//! batch is unaffected. If the batch's transaction fails, every commit in it
+//! fails and nothing of the batch is stored.
+#![deny(missing_docs)]
+
+pub mod canonical;
+pub mod chain;
+mod memory;
+mod prepare;
+mod sqlite;
+pub mod verify;
+mod writer;
+
+pub use chain::{GENESIS_PREV_HASH, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
+pub use memory::MemoryStore;
+pub use prepare::MAX_ITEMS_PER_COMMIT;
+pub use sqlite::{SqliteStore, DB_FILE_NAME, SCHEMA_VERSION};
+pub use writer::{WriterStats, MAX_BATCH_COMMITS, QUEUE_CAPACITY};
+
+use serde_json::Value;
+
+/// One evidence event to append to the chain. The store assigns `seq`,
+/// `ts_ms`, `prev_hash` and `hash`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventDraft {
+    /// Event kind, e.g. `command.started`. Must be non-empty.
+    pub kind: String,
+    /// Event body; must be a JSON object.
+    pub body: Value,
+}
+
+/// The stored outcome of one command, keyed by its `command_id`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptRow {
+    /// The command's idempotency key.
+    pub command_id: String,
+    /// `sha256:…` digest of the command's canonical input.
+    pub input_digest: String,
+    /// The receipt document.
+    pub receipt: Value,
+}
+
+/// The current revision of one resource of one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionRow {
+    /// Device id.
+    pub device_id: String,
+    /// Resource name on that device.
+    pub resource: String,
+    /// Revision counter (at most `i64::MAX`, SQLite's integer range).
+    pub revision: u64,
+}
+
+/// A device's e-stop latch state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatchRow {
+    /// Device id (the governed stop may use a reserved id chosen by the kernel).
+    pub device_id: String,
+    /// Whether the latch is set.
+    pub latched: bool,
+    /// Who/why/when, as the kernel records it.
+    pub info: Value,
+}
+
+/// One budget draw (reservation) in the budget journal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetRow {
+    /// Budget key (which budget this draws from).
+    pub key: String,
+    /// Unique id of this reservation.
+    pub reservation_id: String,
+    /// Amount drawn; must be finite.
+    pub amount: f64,
+    /// When the draw was made (milliseconds since the Unix epoch).
+    pub ts_ms: u64,
+    /// Whether the reservation was released (given back).
+    pub released: bool,
+}
+
+/// Everything one decision step wants stored atomically.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Commit {
+    /// Events appended to the chain, in this order.
+    pub events: Vec<EventDraft>,
+    /// Receipts to insert; a `command_id` already stored is a [`StoreError::Conflict`].
+    pub receipts: Vec<ReceiptRow>,
+    /// Revisions to set (insert or overwrite).
+    pub revisions: Vec<RevisionRow>,
+    /// Latches to set (insert or overwrite).
+    pub latches: Vec<LatchRow>,
+    /// Budget draws to insert; a `reservation_id` already stored is a [`StoreError::Conflict`].
+    pub budget_draws: Vec<BudgetRow>,
+    /// Reservation ids to mark released (applied after `budget_draws`, so a
+    /// commit may draw and release the same reservation). Releasing an unknown
+    /// or already-released reservation is a no-op, so a release can be retried.
+    pub budget_releases: Vec<String>,
+}
+
+/// Acknowledgement of a durable commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitAck {
+    /// `seq` of the commit's first event. For a commit without events this is
+    /// `last_seq + 1` (an empty range).
+    pub first_seq: u64,
+    /// `seq` of the commit's last event (for a commit without events, the
+    /// chain head's `seq` at the time, 0 for an empty chain).
+    pub last_seq: u64,
+    /// Hash of the chain head after this commit.
+    pub head_hash: String,
+}
+
+/// Callback run once a submitted commit is durable or has failed.
+pub type Done = Box<dyn FnOnce(Result<CommitAck, StoreError>) + Send + 'static>;
+
+/// Errors of the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// A file-system error (creating the state directory, writing an export).
+    #[error("store I/O error: {0}")]
+    Io(String),
+    /// An error reported by SQLite (busy, disk full, I/O, constraint...).
+    #[error("store database error: {0}")]
+    Sqlite(String),
+    /// The commit queue is full; nothing was stored. Retry later.
+    #[error("store overloaded: the commit queue is full, nothing was stored; retry later")]
+    Overloaded,
+    /// The store is shutting down or its writer has stopped; nothing was stored.
+    #[error("store is closed; nothing was stored")]
+    Closed,
+    /// Stored data fails its integrity checks; the store refuses to continue.
+    #[error("store is corrupt: {0}")]
+    Corrupt(String),
+    /// The commit collides with something already stored (e.g. a receipt for
+    /// the same `command_id`); nothing of the commit was stored.
+    #[error("store conflict: {0}")]
+    Conflict(String),
+    /// The commit is malformed (e.g. an event body that is not an object);
+    /// nothing of it was stored.
+    #[error("invalid commit: {0}")]
+    Invalid(String),
+    /// The database was written by a newer, incompatible version of Tether.
+    #[error("unsupported store: {0}")]
+    Unsupported(String),
+}
+
+impl StoreError {
+    /// Whether submitting the same commit again may succeed. True for
+    /// transient conditions after which nothing was stored: a full queue, or a
+    /// database/I/O error that rolled the whole batch back.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Overloaded | StoreError::Io(_) | StoreError::Sqlite(_)
+        )
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sqlite(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        StoreError::Io(e.to_string())
+    }
+}
+
+/// Durable state of one endpoint.
+pub trait Store: Send + Sync + 'static {
+    /// Queue a commit. `done` is called (from the writer thread) once the
+    /// commit is durable or has failed. Never blocks for I/O: a full queue, a
+    /// closed store or a malformed commit calls `done(Err(..))` immediately on
+    /// the caller's thread. `done` must not block on the store itself (e.g.
+    /// call [`Store::commit_blocking`]): it runs on the writer thread.
+    fn submit(&self, commit: Commit, done: Done);
+
+    /// Submit and wait until the commit is durable or failed. Must not be
+    /// called from a `done` callback.
+    fn commit_blocking(&self, commit: Commit) -> Result<CommitAck, StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.submit(
+            commit,
+            Box::new(move |r| {
+                // The receiver only goes away if the waiting thread did.
+                let _ = tx.send(r);
+            }),
+        );
+        // A dropped sender without a result means the writer vanished.
+        rx.recv().unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// The stored receipt for `command_id`, if any.
+    fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError>;
+
+    /// The most recently stored `limit` receipts as `(command_id,
+    /// input_digest)`, oldest first (so inserting them in order into an LRU
+    /// leaves the newest hottest), and whether that is all of them.
+    fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError>;
+
+    /// All revisions, ordered by `(device_id, resource)`.
+    fn revisions(&self) -> Result<Vec<RevisionRow>, StoreError>;
+
+    /// All latches, ordered by `device_id`.
+    fn latches(&self) -> Result<Vec<LatchRow>, StoreError>;
+
+    /// Budget rows with `ts_ms >= ts_ms`, oldest first.
+    fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError>;
+
+    /// `(seq, hash)` of the last chain entry, `None` for an empty chain.
+    fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError>;
+
+    /// The last `n` entries (with `hash`), oldest first.
+    fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError>;
+
+    /// Write the chain as JSON Lines (one canonical entry per line, in `seq`
+    /// order) up to the head at the time of the call; returns the count.
+    fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError>;
+
+    /// True when an acknowledged commit survives a crash (SQLite), false for memory.
+    fn durable(&self) -> bool;
+}

@@ -1,0 +1,271 @@
+//! The in-memory store: same trait, same writer thread and batching as
+//! SQLite, nothing durable. For tests and in-process benchmarks.
+//!
+//! Everything is kept for the life of the store (the chain grows without
+//! bound, as a durable one would on disk); do not use it for long-running
+//! endpoints.
+
+use crate::chain::{seal, GENESIS_PREV_HASH};
+use crate::writer::{Backend, Job, Writer, WriterStats};
+use crate::{BudgetRow, Commit, CommitAck, Done, LatchRow, ReceiptRow, Store, StoreError};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Default)]
+struct State {
+    /// `(hash, line)`; the entry at index i has seq i + 1.
+    events: Vec<(String, String)>,
+    /// Receipts in insertion order, and their index by command_id.
+    receipts: Vec<ReceiptRow>,
+    receipt_index: HashMap<String, usize>,
+    revisions: BTreeMap<(String, String), u64>,
+    latches: BTreeMap<String, LatchRow>,
+    budget: Vec<BudgetRow>,
+    budget_index: HashMap<String, usize>,
+}
+
+impl State {
+    fn head(&self) -> (u64, &str) {
+        match self.events.last() {
+            Some((hash, _)) => (self.events.len() as u64, hash.as_str()),
+            None => (0, GENESIS_PREV_HASH),
+        }
+    }
+}
+
+type Shared = Arc<Mutex<State>>;
+
+fn lock(state: &Shared) -> MutexGuard<'_, State> {
+    // Each commit is applied by a sequence of infallible pushes after all of
+    // its checks, so a panic cannot leave a commit half-applied in a way that
+    // matters more than losing the process; keep serving.
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// In-memory [`Store`]; `durable()` is false.
+pub struct MemoryStore {
+    writer: Writer,
+    state: Shared,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A new, empty store. If its writer thread cannot be started, the store
+    /// answers every commit with [`StoreError::Closed`].
+    pub fn new() -> Self {
+        let state: Shared = Arc::default();
+        let backend = MemoryBackend {
+            state: Arc::clone(&state),
+            scratch: String::new(),
+        };
+        let writer = Writer::spawn(backend, "tether-store-memory-writer")
+            .unwrap_or_else(|_| Writer::stopped());
+        MemoryStore { writer, state }
+    }
+
+    /// Writer counters.
+    pub fn stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+}
+
+struct MemoryBackend {
+    state: Shared,
+    scratch: String,
+}
+
+impl Backend for MemoryBackend {
+    fn apply_batch(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<(), StoreError> {
+        // One lock for the whole batch, so readers see a batch all at once,
+        // like a SQLite transaction.
+        let mut st = lock(&self.state);
+        for job in batch {
+            let c = &job.commit;
+            if let Some(r) = c
+                .receipts
+                .iter()
+                .find(|r| st.receipt_index.contains_key(&r.row.command_id))
+            {
+                results.push(Err(StoreError::Conflict(format!(
+                    "a receipt for command_id {:?} is already stored",
+                    r.row.command_id
+                ))));
+                continue;
+            }
+            if let Some(b) = c
+                .budget_draws
+                .iter()
+                .find(|b| st.budget_index.contains_key(&b.reservation_id))
+            {
+                results.push(Err(StoreError::Conflict(format!(
+                    "budget reservation {:?} is already stored",
+                    b.reservation_id
+                ))));
+                continue;
+            }
+            let first_seq = st.head().0 + 1;
+            for e in &c.events {
+                let (seq, prev) = st.head();
+                let sealed = seal(
+                    seq + 1,
+                    ts_ms,
+                    &e.kind_json,
+                    &e.body_json,
+                    prev,
+                    &mut self.scratch,
+                );
+                st.events.push((sealed.hash, sealed.line));
+            }
+            for r in &c.receipts {
+                let at = st.receipts.len();
+                st.receipt_index.insert(r.row.command_id.clone(), at);
+                st.receipts.push(r.row.clone());
+            }
+            for r in &c.revisions {
+                // Revisions are minted by an atomic increment and concurrent
+                // commits may land out of order: keep the highest.
+                let slot = st
+                    .revisions
+                    .entry((r.device_id.clone(), r.resource.clone()))
+                    .or_insert(0);
+                *slot = (*slot).max(r.revision);
+            }
+            for l in &c.latches {
+                st.latches.insert(l.row.device_id.clone(), l.row.clone());
+            }
+            for b in &c.budget_draws {
+                let at = st.budget.len();
+                st.budget_index.insert(b.reservation_id.clone(), at);
+                st.budget.push(b.clone());
+            }
+            for id in &c.budget_releases {
+                if let Some(&at) = st.budget_index.get(id) {
+                    if let Some(row) = st.budget.get_mut(at) {
+                        row.released = true;
+                    }
+                }
+            }
+            let (last_seq, hash) = st.head();
+            results.push(Ok(CommitAck {
+                first_seq,
+                last_seq,
+                head_hash: hash.to_string(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+fn parse_line(line: &str) -> Result<Value, StoreError> {
+    serde_json::from_str(line)
+        .map_err(|e| StoreError::Corrupt(format!("entry is not valid JSON: {e}")))
+}
+
+impl Store for MemoryStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        self.writer.submit(commit, done);
+    }
+
+    fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
+        let st = lock(&self.state);
+        Ok(st
+            .receipt_index
+            .get(command_id)
+            .and_then(|&i| st.receipts.get(i))
+            .cloned())
+    }
+
+    fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
+        let st = lock(&self.state);
+        let from = st.receipts.len().saturating_sub(limit);
+        let out = st.receipts[from..]
+            .iter()
+            .map(|r| (r.command_id.clone(), r.input_digest.clone()))
+            .collect();
+        Ok((out, from == 0))
+    }
+
+    fn revisions(&self) -> Result<Vec<crate::RevisionRow>, StoreError> {
+        let st = lock(&self.state);
+        Ok(st
+            .revisions
+            .iter()
+            .map(|((device_id, resource), &revision)| crate::RevisionRow {
+                device_id: device_id.clone(),
+                resource: resource.clone(),
+                revision,
+            })
+            .collect())
+    }
+
+    fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
+        Ok(lock(&self.state).latches.values().cloned().collect())
+    }
+
+    fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError> {
+        let st = lock(&self.state);
+        let mut rows: Vec<BudgetRow> = st
+            .budget
+            .iter()
+            .filter(|b| b.ts_ms >= ts_ms)
+            .cloned()
+            .collect();
+        // Same order as SQLite: by time, then insertion (the sort is stable).
+        rows.sort_by_key(|b| b.ts_ms);
+        Ok(rows)
+    }
+
+    fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {
+        let st = lock(&self.state);
+        Ok(st
+            .events
+            .last()
+            .map(|(hash, _)| (st.events.len() as u64, hash.clone())))
+    }
+
+    fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError> {
+        let st = lock(&self.state);
+        let from = st.events.len().saturating_sub(n);
+        st.events[from..]
+            .iter()
+            .map(|(_, line)| parse_line(line))
+            .collect()
+    }
+
+    fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        // Copy the lines out first so a slow writer never holds the lock the
+        // writer thread needs.
+        let lines: Vec<String> = lock(&self.state)
+            .events
+            .iter()
+            .map(|(_, l)| l.clone())
+            .collect();
+        for line in &lines {
+            out.write_all(line.as_bytes())?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        Ok(lines.len() as u64)
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+}

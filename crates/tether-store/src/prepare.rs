@@ -1,0 +1,175 @@
+//! Validation and serialisation of a commit on the submitting thread.
+//!
+//! Everything that does not depend on the chain head (checking shapes and
+//! bounds, writing event bodies, receipts and latch infos as canonical JSON)
+//! happens in `submit`, in parallel across callers. The single writer thread
+//! is then left with only what must be serial: assigning `seq`, hashing with
+//! `prev_hash`, and the SQL.
+
+use crate::canonical::write_canonical_bounded;
+use crate::chain::{kind_json, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
+use crate::{BudgetRow, Commit, LatchRow, ReceiptRow, RevisionRow, StoreError};
+use serde_json::Value;
+use std::collections::HashSet;
+
+/// Most items of each kind (events, receipts, revisions, latches, budget
+/// draws, budget releases) in one commit. Bounds the work one commit adds to a
+/// batch; a decision step needs a handful.
+pub const MAX_ITEMS_PER_COMMIT: usize = 4096;
+
+/// Room in an entry for everything but the body and kind: members, hashes,
+/// numbers.
+const ENTRY_OVERHEAD: usize = 256;
+
+pub(crate) struct PreparedEvent {
+    pub kind_json: String,
+    pub body_json: String,
+}
+
+pub(crate) struct PreparedReceipt {
+    pub row: ReceiptRow,
+    pub receipt_json: String,
+}
+
+pub(crate) struct PreparedLatch {
+    pub row: LatchRow,
+    pub info_json: String,
+}
+
+/// A validated commit with its JSON already serialised.
+pub(crate) struct Prepared {
+    pub events: Vec<PreparedEvent>,
+    pub receipts: Vec<PreparedReceipt>,
+    pub revisions: Vec<RevisionRow>,
+    pub latches: Vec<PreparedLatch>,
+    pub budget_draws: Vec<BudgetRow>,
+    pub budget_releases: Vec<String>,
+}
+
+fn invalid(msg: impl Into<String>) -> StoreError {
+    StoreError::Invalid(msg.into())
+}
+
+/// Canonical JSON of `v`, refusing nesting deeper than [`MAX_BODY_DEPTH`] and
+/// text longer than [`MAX_ENTRY_BYTES`].
+fn bounded_json(v: &Value, what: &str) -> Result<String, StoreError> {
+    let mut s = String::with_capacity(128);
+    write_canonical_bounded(v, &mut s, MAX_BODY_DEPTH).map_err(|_| {
+        invalid(format!(
+            "{what} is nested deeper than {MAX_BODY_DEPTH} levels"
+        ))
+    })?;
+    if s.len() > MAX_ENTRY_BYTES {
+        return Err(invalid(format!(
+            "{what} is larger than {MAX_ENTRY_BYTES} bytes"
+        )));
+    }
+    Ok(s)
+}
+
+fn fits_i64(v: u64, what: &str) -> Result<(), StoreError> {
+    if v > i64::MAX as u64 {
+        return Err(invalid(format!(
+            "{what} {v} exceeds the storable range (at most {})",
+            i64::MAX
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
+    let counts = [
+        ("events", c.events.len()),
+        ("receipts", c.receipts.len()),
+        ("revisions", c.revisions.len()),
+        ("latches", c.latches.len()),
+        ("budget_draws", c.budget_draws.len()),
+        ("budget_releases", c.budget_releases.len()),
+    ];
+    for (what, n) in counts {
+        if n > MAX_ITEMS_PER_COMMIT {
+            return Err(invalid(format!(
+                "{n} {what} in one commit (at most {MAX_ITEMS_PER_COMMIT})"
+            )));
+        }
+    }
+
+    let mut events = Vec::with_capacity(c.events.len());
+    for e in &c.events {
+        if e.kind.is_empty() {
+            return Err(invalid("event kind is empty"));
+        }
+        if !e.body.is_object() {
+            return Err(invalid(format!(
+                "body of event {:?} is not a JSON object",
+                e.kind
+            )));
+        }
+        let body_json = bounded_json(&e.body, "event body")?;
+        let kind_json = kind_json(&e.kind);
+        if body_json.len() + kind_json.len() + ENTRY_OVERHEAD > MAX_ENTRY_BYTES {
+            return Err(invalid(format!(
+                "event {:?} is larger than {MAX_ENTRY_BYTES} bytes",
+                e.kind
+            )));
+        }
+        events.push(PreparedEvent {
+            kind_json,
+            body_json,
+        });
+    }
+
+    let mut seen: HashSet<&str> = HashSet::with_capacity(c.receipts.len());
+    for r in &c.receipts {
+        if r.command_id.is_empty() {
+            return Err(invalid("receipt command_id is empty"));
+        }
+        if !seen.insert(&r.command_id) {
+            return Err(StoreError::Conflict(format!(
+                "two receipts for command_id {:?} in one commit",
+                r.command_id
+            )));
+        }
+    }
+    let mut seen: HashSet<&str> = HashSet::with_capacity(c.budget_draws.len());
+    for b in &c.budget_draws {
+        if b.reservation_id.is_empty() {
+            return Err(invalid("budget reservation_id is empty"));
+        }
+        if !b.amount.is_finite() {
+            return Err(invalid(format!(
+                "budget reservation {:?} amount is not finite",
+                b.reservation_id
+            )));
+        }
+        fits_i64(b.ts_ms, "budget ts_ms")?;
+        if !seen.insert(&b.reservation_id) {
+            return Err(StoreError::Conflict(format!(
+                "two budget draws with reservation_id {:?} in one commit",
+                b.reservation_id
+            )));
+        }
+    }
+    for r in &c.revisions {
+        fits_i64(r.revision, "revision")?;
+    }
+
+    let mut receipts = Vec::with_capacity(c.receipts.len());
+    for row in c.receipts {
+        let receipt_json = bounded_json(&row.receipt, "receipt")?;
+        receipts.push(PreparedReceipt { row, receipt_json });
+    }
+    let mut latches = Vec::with_capacity(c.latches.len());
+    for row in c.latches {
+        let info_json = bounded_json(&row.info, "latch info")?;
+        latches.push(PreparedLatch { row, info_json });
+    }
+    Ok(Prepared {
+        events,
+        receipts,
+        revisions: c.revisions,
+        latches,
+        budget_draws: c.budget_draws,
+        budget_releases: c.budget_releases,
+    })
+}

@@ -1,0 +1,647 @@
+//! The SQLite store: one `tether.db` per state directory.
+//!
+//! Durability: WAL journal with `synchronous=FULL`, so a `COMMIT` returns only
+//! after the WAL is fsynced. The writer thread owns the only write connection
+//! and the chain head; reads go through a second connection (WAL lets it read
+//! the last committed state while the writer works).
+
+use crate::chain::{check_entry_text, seal, GENESIS_PREV_HASH};
+use crate::writer::{Backend, Job, Writer, WriterStats};
+use crate::{
+    BudgetRow, Commit, CommitAck, Done, LatchRow, ReceiptRow, RevisionRow, Store, StoreError,
+};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The one database file in a state directory.
+pub const DB_FILE_NAME: &str = "tether.db";
+
+/// Schema version this build writes (the highest migration it knows).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another process holding the write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Page cache of the write connection, in KiB.
+const WRITER_CACHE_KIB: i64 = 16 * 1024;
+
+/// Rows fetched per page when streaming the chain, so an export or a verify
+/// of a long chain holds neither the whole chain in memory nor the read
+/// connection for the whole run.
+pub(crate) const PAGE_ROWS: i64 = 1024;
+
+/// Migrations by number; each runs once, in order, in one transaction with
+/// the version bump. Never edit a released migration: add a new one.
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    "CREATE TABLE events(
+        seq INTEGER PRIMARY KEY,
+        hash TEXT NOT NULL,
+        line TEXT NOT NULL
+    );
+    CREATE TABLE receipts(
+        command_id TEXT PRIMARY KEY,
+        input_digest TEXT NOT NULL,
+        receipt TEXT NOT NULL,
+        seq INTEGER NOT NULL
+    );
+    CREATE TABLE revisions(
+        device_id TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        PRIMARY KEY(device_id, resource)
+    ) WITHOUT ROWID;
+    CREATE TABLE latches(
+        device_id TEXT PRIMARY KEY,
+        latched INTEGER NOT NULL,
+        info TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE budget(
+        reservation_id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        amount REAL NOT NULL,
+        ts_ms INTEGER NOT NULL,
+        released INTEGER NOT NULL
+    );
+    CREATE INDEX budget_ts ON budget(ts_ms);
+    CREATE TABLE meta(
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) WITHOUT ROWID;",
+)];
+
+/// SQLite-backed [`Store`].
+pub struct SqliteStore {
+    writer: Writer,
+    reader: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the store in `state_dir`: the directory, the
+    /// file [`DB_FILE_NAME`] in it, and the schema. Refuses with
+    /// [`StoreError::Corrupt`] if the last chain entry fails verification and
+    /// with [`StoreError::Unsupported`] if the schema is newer than this build.
+    pub fn open(state_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(state_dir).map_err(|e| {
+            StoreError::Io(format!(
+                "cannot create state directory {}: {e}",
+                state_dir.display()
+            ))
+        })?;
+        let path = state_dir.join(DB_FILE_NAME);
+        let mut conn = Connection::open(&path)
+            .map_err(|e| StoreError::Sqlite(format!("cannot open {}: {e}", path.display())))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Unsupported(format!(
+                "{} cannot use WAL journaling (got {mode:?})",
+                path.display()
+            )));
+        }
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        // A larger page cache for the writer (default is 2 MiB): a batch of a
+        // few thousand commits touches thousands of pages, and re-reading
+        // evicted B-tree pages from disk stalls the only writer.
+        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+        conn.set_prepared_statement_cache_capacity(32);
+        migrate(&mut conn)?;
+        let head = load_head(&conn)?;
+
+        let reader = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        reader.busy_timeout(BUSY_TIMEOUT)?;
+        // Readers never write; make that a property of the connection.
+        reader.pragma_update(None, "query_only", true)?;
+        reader.set_prepared_statement_cache_capacity(32);
+
+        let backend = SqliteBackend {
+            conn,
+            head,
+            scratch: String::with_capacity(256),
+        };
+        let writer = Writer::spawn(backend, "tether-store-writer")?;
+        Ok(SqliteStore {
+            writer,
+            reader: Mutex::new(reader),
+            path,
+        })
+    }
+
+    /// Path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writer counters (batches = transactions = fsyncs).
+    pub fn stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    fn read(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the reader leaves no half-done write behind
+        // (it is query-only), so a poisoned lock is still usable.
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version(
+            version INTEGER PRIMARY KEY,
+            applied_ms INTEGER NOT NULL
+        )",
+    )?;
+    let current: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+        [],
+        |r| r.get(0),
+    )?;
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::Unsupported(format!(
+            "schema version {current} is newer than this build supports ({SCHEMA_VERSION})"
+        )));
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO schema_version(version, applied_ms) VALUES (?1, ?2)",
+            params![version, now_ms()],
+        )?;
+    }
+    if current == 0 {
+        tx.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('created_ms', ?1)",
+            params![now_ms().to_string()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// The in-memory chain head the writer extends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Head {
+    seq: u64,
+    hash: String,
+}
+
+fn seq_from_db(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v)
+        .map_err(|_| StoreError::Corrupt(format!("negative seq {v} in the events table")))
+}
+
+fn seq_to_db(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v)
+        .map_err(|_| StoreError::Corrupt(format!("seq {v} exceeds SQLite's integer range")))
+}
+
+/// Read and verify the last entry: it must recompute its own hash and agree
+/// with its `seq` and `hash` columns. Verifying only the head keeps open O(1);
+/// `verify_store` checks the whole chain.
+fn load_head(conn: &Connection) -> Result<Head, StoreError> {
+    let row: Option<(i64, String, String)> = conn
+        .query_row(
+            "SELECT seq, hash, line FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let Some((seq, hash, line)) = row else {
+        return Ok(Head {
+            seq: 0,
+            hash: GENESIS_PREV_HASH.to_string(),
+        });
+    };
+    let seq = seq_from_db(seq)?;
+    let link = check_entry_text(line.as_bytes()).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "chain head (seq {seq}) fails verification: {}",
+            e.reason
+        ))
+    })?;
+    if link.seq != seq || link.hash != hash {
+        return Err(StoreError::Corrupt(format!(
+            "chain head row seq {seq} does not match its entry (seq {}, hash {})",
+            link.seq, link.hash
+        )));
+    }
+    Ok(Head { seq, hash })
+}
+
+struct SqliteBackend {
+    conn: Connection,
+    head: Head,
+    /// Reused buffer for sealing entries.
+    scratch: String,
+}
+
+impl Backend for SqliteBackend {
+    fn apply_batch(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<(), StoreError> {
+        let saved = self.head.clone();
+        let outcome = self.try_batch(batch, ts_ms, results);
+        if outcome.is_err() {
+            // Nothing of the batch may survive: undo the transaction (harmless
+            // if BEGIN itself failed) and the head advanced by it.
+            let _ = self.conn.execute_batch("ROLLBACK");
+            self.head = saved;
+            results.clear();
+        }
+        outcome
+    }
+}
+
+impl SqliteBackend {
+    fn try_batch(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<(), StoreError> {
+        // IMMEDIATE takes the write lock now, so the head check below cannot
+        // race with another process appending.
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        self.reconcile_head()?;
+        for job in batch {
+            let r = self.apply_one(job, ts_ms)?;
+            results.push(r);
+        }
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(())
+    }
+
+    /// Another process may share the file (the design allows several on one
+    /// store). If it appended entries since our last batch, continue from the
+    /// database's head instead of forking the chain.
+    fn reconcile_head(&mut self) -> Result<(), StoreError> {
+        let db: Option<(i64, String)> = self
+            .conn
+            .prepare_cached("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let db_seq = match &db {
+            Some((s, _)) => seq_from_db(*s)?,
+            None => 0,
+        };
+        let same = match &db {
+            Some((_, h)) => db_seq == self.head.seq && *h == self.head.hash,
+            None => self.head.seq == 0,
+        };
+        if same {
+            return Ok(());
+        }
+        if db_seq > self.head.seq {
+            self.head = load_head(&self.conn)?;
+            return Ok(());
+        }
+        Err(StoreError::Corrupt(format!(
+            "the database chain head (seq {db_seq}) disagrees with the writer's (seq {})",
+            self.head.seq
+        )))
+    }
+
+    /// Apply one commit inside the open transaction. The outer error aborts
+    /// the batch; the inner one fails only this commit and is returned before
+    /// anything of it is written.
+    fn apply_one(
+        &mut self,
+        job: &Job,
+        ts_ms: u64,
+    ) -> Result<Result<CommitAck, StoreError>, StoreError> {
+        let c = &job.commit;
+        {
+            let mut exists = self
+                .conn
+                .prepare_cached("SELECT 1 FROM receipts WHERE command_id = ?1")?;
+            for r in &c.receipts {
+                if exists.exists([&r.row.command_id])? {
+                    return Ok(Err(StoreError::Conflict(format!(
+                        "a receipt for command_id {:?} is already stored",
+                        r.row.command_id
+                    ))));
+                }
+            }
+            let mut exists = self
+                .conn
+                .prepare_cached("SELECT 1 FROM budget WHERE reservation_id = ?1")?;
+            for b in &c.budget_draws {
+                if exists.exists([&b.reservation_id])? {
+                    return Ok(Err(StoreError::Conflict(format!(
+                        "budget reservation {:?} is already stored",
+                        b.reservation_id
+                    ))));
+                }
+            }
+        }
+
+        let first_seq = self.head.seq + 1;
+        if !c.events.is_empty() {
+            let mut insert = self
+                .conn
+                .prepare_cached("INSERT INTO events(seq, hash, line) VALUES (?1, ?2, ?3)")?;
+            for e in &c.events {
+                let seq = self.head.seq + 1;
+                let sealed = seal(
+                    seq,
+                    ts_ms,
+                    &e.kind_json,
+                    &e.body_json,
+                    &self.head.hash,
+                    &mut self.scratch,
+                );
+                insert.execute(params![seq_to_db(seq)?, &sealed.hash, &sealed.line])?;
+                self.head = Head {
+                    seq,
+                    hash: sealed.hash,
+                };
+            }
+        }
+        let head_seq = seq_to_db(self.head.seq)?;
+        if !c.receipts.is_empty() {
+            let mut insert = self.conn.prepare_cached(
+                "INSERT INTO receipts(command_id, input_digest, receipt, seq) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for r in &c.receipts {
+                insert.execute(params![
+                    &r.row.command_id,
+                    &r.row.input_digest,
+                    &r.receipt_json,
+                    head_seq
+                ])?;
+            }
+        }
+        if !c.revisions.is_empty() {
+            let mut upsert = self.conn.prepare_cached(
+                // Revisions are minted by an atomic increment and concurrent
+                // commits may land out of order: keep the highest.
+                "INSERT INTO revisions(device_id, resource, revision) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(device_id, resource) DO UPDATE SET revision = MAX(revision, excluded.revision)",
+            )?;
+            for r in &c.revisions {
+                // prepare() checked the range, so the conversion cannot fail.
+                upsert.execute(params![&r.device_id, &r.resource, seq_to_db(r.revision)?])?;
+            }
+        }
+        if !c.latches.is_empty() {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO latches(device_id, latched, info) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(device_id) DO UPDATE SET latched = excluded.latched, info = excluded.info",
+            )?;
+            for l in &c.latches {
+                upsert.execute(params![&l.row.device_id, l.row.latched, &l.info_json])?;
+            }
+        }
+        if !c.budget_draws.is_empty() {
+            let mut insert = self.conn.prepare_cached(
+                "INSERT INTO budget(reservation_id, key, amount, ts_ms, released) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for b in &c.budget_draws {
+                insert.execute(params![
+                    &b.reservation_id,
+                    &b.key,
+                    b.amount,
+                    seq_to_db(b.ts_ms)?,
+                    b.released
+                ])?;
+            }
+        }
+        if !c.budget_releases.is_empty() {
+            let mut release = self
+                .conn
+                .prepare_cached("UPDATE budget SET released = 1 WHERE reservation_id = ?1")?;
+            for id in &c.budget_releases {
+                release.execute([id])?;
+            }
+        }
+        Ok(Ok(CommitAck {
+            first_seq,
+            last_seq: self.head.seq,
+            head_hash: self.head.hash.clone(),
+        }))
+    }
+}
+
+fn corrupt_json(what: &str, key: &str, e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(format!("stored {what} for {key:?} is not valid JSON: {e}"))
+}
+
+fn u64_col(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v)
+        .map_err(|_| StoreError::Corrupt(format!("negative {what} {v} in the database")))
+}
+
+fn limit_param(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Store for SqliteStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        self.writer.submit(commit, done);
+    }
+
+    fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
+        let conn = self.read();
+        let row: Option<(String, String)> = conn
+            .prepare_cached("SELECT input_digest, receipt FROM receipts WHERE command_id = ?1")?
+            .query_row([command_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        drop(conn);
+        match row {
+            None => Ok(None),
+            Some((input_digest, text)) => {
+                let receipt = serde_json::from_str(&text)
+                    .map_err(|e| corrupt_json("receipt", command_id, e))?;
+                Ok(Some(ReceiptRow {
+                    command_id: command_id.to_string(),
+                    input_digest,
+                    receipt,
+                }))
+            }
+        }
+    }
+
+    fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT command_id, input_digest FROM receipts ORDER BY rowid DESC LIMIT ?1",
+        )?;
+        // One row more than asked tells whether everything fitted.
+        let rows = st.query_map([limit_param(limit.saturating_add(1))], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+        let mut out: Vec<(String, String)> = Vec::new();
+        for row in rows {
+            out.push(row?);
+        }
+        let complete = out.len() <= limit;
+        out.truncate(limit);
+        out.reverse();
+        Ok((out, complete))
+    }
+
+    fn revisions(&self) -> Result<Vec<RevisionRow>, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT device_id, resource, revision FROM revisions ORDER BY device_id, resource",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (device_id, resource, revision) = row?;
+            out.push(RevisionRow {
+                device_id,
+                resource,
+                revision: u64_col(revision, "revision")?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT device_id, latched, info FROM latches ORDER BY device_id")?;
+        let rows = st.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (device_id, latched, info) = row?;
+            let info: Value = serde_json::from_str(&info)
+                .map_err(|e| corrupt_json("latch info", &device_id, e))?;
+            out.push(LatchRow {
+                device_id,
+                latched,
+                info,
+            });
+        }
+        Ok(out)
+    }
+
+    fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT key, reservation_id, amount, ts_ms, released FROM budget
+             WHERE ts_ms >= ?1 ORDER BY ts_ms, rowid",
+        )?;
+        // Stored ts_ms never exceeds i64::MAX, so a larger bound matches nothing.
+        let from = i64::try_from(ts_ms).unwrap_or(i64::MAX);
+        let rows = st.query_map([from], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get::<_, i64>(3)?,
+                r.get(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, reservation_id, amount, ts, released) = row?;
+            out.push(BudgetRow {
+                key,
+                reservation_id,
+                amount,
+                ts_ms: u64_col(ts, "budget ts_ms")?,
+                released,
+            });
+        }
+        Ok(out)
+    }
+
+    fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {
+        let conn = self.read();
+        let row: Option<(i64, String)> = conn
+            .prepare_cached("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        row.map(|(s, h)| Ok((seq_from_db(s)?, h))).transpose()
+    }
+
+    fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT seq, line FROM events ORDER BY seq DESC LIMIT ?1")?;
+        let rows = st.query_map([limit_param(n)], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, line) = row?;
+            let v = serde_json::from_str(&line)
+                .map_err(|e| corrupt_json("entry", &seq.to_string(), e))?;
+            out.push(v);
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        // Export up to the head as of now; entries appended meanwhile are left
+        // for the next export, which also bounds the loop.
+        let Some((head, _)) = self.chain_head()? else {
+            return Ok(0);
+        };
+        let head = seq_to_db(head)?;
+        let mut after: i64 = 0;
+        let mut count: u64 = 0;
+        let mut page: Vec<(i64, String)> = Vec::with_capacity(PAGE_ROWS as usize);
+        while after < head {
+            page.clear();
+            {
+                // Hold the reader only while fetching, never while writing to
+                // `out` (which may be slow).
+                let conn = self.read();
+                let mut st = conn.prepare_cached(
+                    "SELECT seq, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
+                )?;
+                let rows = st.query_map(params![after, head, PAGE_ROWS], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?;
+                for row in rows {
+                    page.push(row?);
+                }
+            }
+            let Some(&(last, _)) = page.last() else { break };
+            for (_, line) in &page {
+                out.write_all(line.as_bytes())?;
+                out.write_all(b"\n")?;
+                count += 1;
+            }
+            after = last;
+        }
+        out.flush()?;
+        Ok(count)
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,284 @@
+//! Offline verification of an evidence chain: an exported JSON Lines file or
+//! a store's `events` table.
+//!
+//! Each entry must parse, carry exactly the entry members, be in RFC 8785
+//! canonical form (so any changed byte is significant), recompute its own
+//! hash, continue the `seq` numbering (starting at 1, no gaps) and name the
+//! previous entry's hash as its `prev_hash` (64 zeros for the first). The
+//! first entry failing any of these is reported and checking stops there.
+
+use crate::chain::{check_entry_text, GENESIS_PREV_HASH, MAX_ENTRY_BYTES};
+use crate::sqlite::{DB_FILE_NAME, PAGE_ROWS};
+use crate::StoreError;
+use rusqlite::{params, Connection, OpenFlags};
+use std::io::{BufRead, Read};
+use std::path::Path;
+
+/// Outcome of a verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Number of intact entries before the first broken one (all of them
+    /// when `ok`).
+    pub entries: u64,
+    /// True when no entry is broken. An empty chain is ok.
+    pub ok: bool,
+    /// The first broken entry, when not `ok`.
+    pub first_broken: Option<Broken>,
+}
+
+/// Where and why a chain breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    /// 1-based line number in the file (for a store: 1-based row position in
+    /// `seq` order).
+    pub line: u64,
+    /// The entry's `seq`, when it could be read.
+    pub seq: Option<u64>,
+    /// What is wrong, e.g. `hash mismatch`, `prev_hash does not match previous
+    /// entry`, `seq gap: expected 5, found 6`, `unparseable line: …`.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.seq {
+            Some(seq) => write!(f, "line {} (seq {seq}): {}", self.line, self.reason),
+            None => write!(f, "line {}: {}", self.line, self.reason),
+        }
+    }
+}
+
+/// Incremental chain checker: feed entries in order, then take the report.
+#[derive(Debug, Clone)]
+pub struct ChainVerifier {
+    line: u64,
+    entries: u64,
+    prev_hash: String,
+    broken: Option<Broken>,
+}
+
+impl Default for ChainVerifier {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChainVerifier {
+    /// A verifier expecting the chain to start at seq 1.
+    pub fn new() -> Self {
+        ChainVerifier {
+            line: 0,
+            entries: 0,
+            prev_hash: GENESIS_PREV_HASH.to_string(),
+            broken: None,
+        }
+    }
+
+    /// Check the next entry's text (without its line terminator). Returns
+    /// false once the chain is broken; later calls are ignored.
+    pub fn push_line(&mut self, line: &[u8]) -> bool {
+        self.push(line, None)
+    }
+
+    /// Like `push_line`, also checking the `seq` and `hash` a store keeps
+    /// beside the entry text.
+    fn push(&mut self, line: &[u8], stored: Option<(i64, &str)>) -> bool {
+        if self.broken.is_some() {
+            return false;
+        }
+        self.line += 1;
+        let expected = self.entries + 1;
+        let link = match check_entry_text(line) {
+            Ok(link) => link,
+            Err(e) => return self.fail(e.seq, e.reason),
+        };
+        if link.seq != expected {
+            return self.fail(
+                Some(link.seq),
+                format!("seq gap: expected {expected}, found {}", link.seq),
+            );
+        }
+        if link.prev_hash != self.prev_hash {
+            return self.fail(
+                Some(link.seq),
+                "prev_hash does not match previous entry".into(),
+            );
+        }
+        if let Some((seq_col, hash_col)) = stored {
+            if u64::try_from(seq_col).ok() != Some(link.seq) {
+                return self.fail(
+                    Some(link.seq),
+                    format!("seq column {seq_col} does not match the entry"),
+                );
+            }
+            if hash_col != link.hash {
+                return self.fail(
+                    Some(link.seq),
+                    "hash column does not match the entry".into(),
+                );
+            }
+        }
+        self.entries = expected;
+        self.prev_hash = link.hash;
+        true
+    }
+
+    fn fail(&mut self, seq: Option<u64>, reason: String) -> bool {
+        self.broken = Some(Broken {
+            line: self.line.max(1),
+            seq,
+            reason,
+        });
+        false
+    }
+
+    /// Record a failure that is not about one entry's content (e.g. a read
+    /// error) at the next line.
+    pub fn fail_next(&mut self, reason: impl Into<String>) {
+        if self.broken.is_none() {
+            self.line += 1;
+            self.fail(None, reason.into());
+        }
+    }
+
+    /// The report so far.
+    pub fn report(&self) -> VerifyReport {
+        VerifyReport {
+            entries: self.entries,
+            ok: self.broken.is_none(),
+            first_broken: self.broken.clone(),
+        }
+    }
+
+    /// Hash of the last intact entry (64 zeros when none).
+    pub fn head_hash(&self) -> &str {
+        &self.prev_hash
+    }
+}
+
+/// Verify a JSON Lines export. Lines end with `\n` (a `\r\n` ending is
+/// accepted); the last line may lack its terminator. An empty input is an
+/// intact, empty chain.
+pub fn verify_jsonl(r: impl BufRead) -> VerifyReport {
+    let mut r = r;
+    let mut v = ChainVerifier::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    // Each pass consumes at least one byte or ends the loop, and a line is
+    // read through a `take` so no line can grow the buffer without bound.
+    loop {
+        buf.clear();
+        let limit = MAX_ENTRY_BYTES as u64 + 2;
+        match (&mut r).take(limit).read_until(b'\n', &mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                v.fail_next(format!("read error: {e}"));
+                break;
+            }
+        }
+        let terminated = buf.last() == Some(&b'\n');
+        if terminated {
+            buf.pop();
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+        } else if buf.len() as u64 >= limit {
+            v.fail_next(format!("line longer than {MAX_ENTRY_BYTES} bytes"));
+            break;
+        }
+        if !v.push_line(&buf) {
+            break;
+        }
+    }
+    v.report()
+}
+
+/// Verify the chain stored in the state directory `dir` (its `tether.db`),
+/// reading the `events` table in `seq` order a page at a time. The stored
+/// entry text is the source of truth; its `seq` and `hash` columns must agree
+/// with it. Opens the database read-only and never creates it.
+pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
+    let path = dir.join(DB_FILE_NAME);
+    if !path.is_file() {
+        return Err(StoreError::Io(format!(
+            "no Tether store at {}",
+            path.display()
+        )));
+    }
+    let conn = Connection::open_with_flags(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::Sqlite(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    let has_events: bool = conn.query_row(
+        "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_events {
+        return Err(StoreError::Corrupt(format!(
+            "{} has no events table",
+            path.display()
+        )));
+    }
+    // Verify up to the head as of now: bounds the loop even while a live
+    // endpoint keeps appending.
+    let head: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+    let mut v = ChainVerifier::new();
+    let mut st = conn.prepare(
+        "SELECT seq, hash, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
+    )?;
+    let mut after: i64 = i64::MIN;
+    'pages: loop {
+        let mut rows = st.query(params![after, head, PAGE_ROWS])?;
+        let mut last = None;
+        while let Some(row) = rows.next()? {
+            let seq: i64 = row.get(0)?;
+            let hash: String = row.get(1)?;
+            // Read the text as bytes so a non-UTF-8 line is reported, not an error.
+            let line: Vec<u8> = match row.get_ref(2)? {
+                rusqlite::types::ValueRef::Text(t) | rusqlite::types::ValueRef::Blob(t) => {
+                    t.to_vec()
+                }
+                _ => Vec::new(),
+            };
+            if !v.push(&line, Some((seq, &hash))) {
+                break 'pages;
+            }
+            last = Some(seq);
+        }
+        match last {
+            Some(seq) => after = seq,
+            None => break,
+        }
+    }
+    Ok(v.report())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_input_is_ok() {
+        let r = verify_jsonl(&b""[..]);
+        assert_eq!(
+            r,
+            VerifyReport {
+                entries: 0,
+                ok: true,
+                first_broken: None
+            }
+        );
+    }
+
+    #[test]
+    fn garbage_is_unparseable() {
+        let r = verify_jsonl(&b"not json\n"[..]);
+        assert!(!r.ok);
+        let b = r.first_broken.expect("broken");
+        assert_eq!((b.line, b.seq), (1, None));
+        assert!(b.reason.starts_with("unparseable line"), "{}", b.reason);
+    }
+}

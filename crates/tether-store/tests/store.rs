@@ -1,0 +1,571 @@
+//! Behaviour of both stores through the `Store` trait, plus SQLite-only
+//! durability and integrity checks.
+
+use serde_json::json;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+use tether_store::verify::{verify_jsonl, verify_store};
+use tether_store::{
+    BudgetRow, Commit, CommitAck, EventDraft, LatchRow, MemoryStore, ReceiptRow, RevisionRow,
+    SqliteStore, Store, StoreError, GENESIS_PREV_HASH, QUEUE_CAPACITY,
+};
+
+fn event(kind: &str, body: serde_json::Value) -> EventDraft {
+    EventDraft {
+        kind: kind.into(),
+        body,
+    }
+}
+
+fn receipt(id: &str) -> ReceiptRow {
+    ReceiptRow {
+        command_id: id.into(),
+        input_digest: tether_store::canonical::digest(&json!({"id": id})),
+        receipt: json!({"command_id": id, "status": "completed"}),
+    }
+}
+
+fn budget(id: &str, ts_ms: u64) -> BudgetRow {
+    BudgetRow {
+        key: "dev1/energy".into(),
+        reservation_id: id.into(),
+        amount: 2.5,
+        ts_ms,
+        released: false,
+    }
+}
+
+fn full_commit(id: &str) -> Commit {
+    Commit {
+        events: vec![
+            event("command.started", json!({"command_id": id})),
+            event("receipt", json!({"command_id": id})),
+        ],
+        receipts: vec![receipt(id)],
+        revisions: vec![RevisionRow {
+            device_id: "dev1".into(),
+            resource: "state".into(),
+            revision: 7,
+        }],
+        latches: vec![LatchRow {
+            device_id: "dev1".into(),
+            latched: true,
+            info: json!({"by": "op"}),
+        }],
+        budget_draws: vec![budget(&format!("r-{id}"), 1_000)],
+        budget_releases: vec![],
+    }
+}
+
+/// Run `f` against both implementations.
+fn both(f: impl Fn(&dyn Store)) {
+    f(&MemoryStore::new());
+    let dir = tempfile::tempdir().expect("tempdir");
+    f(&SqliteStore::open(dir.path()).expect("open"));
+}
+
+#[test]
+fn commit_and_read_back() {
+    both(|s| {
+        assert_eq!(s.chain_head().expect("head"), None);
+        let ack = s.commit_blocking(full_commit("c1")).expect("commit");
+        assert_eq!((ack.first_seq, ack.last_seq), (1, 2));
+        assert_eq!(
+            s.chain_head().expect("head"),
+            Some((2, ack.head_hash.clone()))
+        );
+
+        let r = s.receipt("c1").expect("read").expect("present");
+        assert_eq!(r, receipt("c1"));
+        assert_eq!(s.receipt("nope").expect("read"), None);
+        assert_eq!(s.revisions().expect("revs")[0].revision, 7);
+        assert!(s.latches().expect("latches")[0].latched);
+        assert_eq!(
+            s.budget_rows_since(0).expect("budget"),
+            vec![budget("r-c1", 1_000)]
+        );
+        assert!(s.budget_rows_since(1_001).expect("budget").is_empty());
+
+        let tail = s.chain_tail(5).expect("tail");
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail[0]["seq"], 1);
+        assert_eq!(tail[0]["prev_hash"], GENESIS_PREV_HASH);
+        assert_eq!(tail[1]["prev_hash"], tail[0]["hash"]);
+        assert_eq!(tail[1]["hash"], ack.head_hash.as_str());
+        assert_eq!(s.chain_tail(1).expect("tail")[0]["seq"], 2);
+
+        // A commit without events: an empty seq range at the head.
+        let ack2 = s
+            .commit_blocking(Commit {
+                budget_releases: vec!["r-c1".into(), "unknown".into()],
+                ..Commit::default()
+            })
+            .expect("release");
+        assert_eq!((ack2.first_seq, ack2.last_seq), (3, 2));
+        assert_eq!(ack2.head_hash, ack.head_hash);
+        assert!(s.budget_rows_since(0).expect("budget")[0].released);
+
+        let mut out = Vec::new();
+        assert_eq!(s.export_chain(&mut out).expect("export"), 2);
+        assert!(verify_jsonl(&out[..]).ok);
+    });
+}
+
+#[test]
+fn durability_flags() {
+    assert!(!MemoryStore::new().durable());
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert!(SqliteStore::open(dir.path()).expect("open").durable());
+}
+
+#[test]
+fn duplicate_receipt_is_a_conflict_and_stores_nothing() {
+    both(|s| {
+        let first = s.commit_blocking(full_commit("dup")).expect("first");
+        let err = s.commit_blocking(full_commit("dup")).expect_err("second");
+        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        assert!(!err.is_retryable());
+        assert!(err.to_string().contains("dup"), "{err}");
+        // Nothing of the failed commit: no events, same head.
+        assert_eq!(
+            s.chain_head().expect("head"),
+            Some((first.last_seq, first.head_hash))
+        );
+
+        // Duplicates inside one commit, and duplicate budget reservations.
+        let mut c = full_commit("twice");
+        c.receipts.push(receipt("twice"));
+        assert!(matches!(s.commit_blocking(c), Err(StoreError::Conflict(_))));
+        let mut c = full_commit("other");
+        c.budget_draws = vec![budget("r-dup", 5)];
+        assert!(matches!(s.commit_blocking(c), Err(StoreError::Conflict(_))));
+        assert!(s.receipt("other").expect("read").is_none());
+    });
+}
+
+#[test]
+fn conflict_fails_only_its_commit_within_a_batch() {
+    both(|s| {
+        s.commit_blocking(full_commit("taken")).expect("seed");
+        // Submit without waiting so the commits share batches.
+        let (tx, rx) = mpsc::channel();
+        for i in 0..200 {
+            let id = if i % 10 == 5 {
+                "taken".to_string()
+            } else {
+                format!("b{i}")
+            };
+            let tx = tx.clone();
+            s.submit(
+                full_commit(&id),
+                Box::new(move |r| tx.send((i, r)).expect("send")),
+            );
+        }
+        drop(tx);
+        let mut results: Vec<(i32, Result<CommitAck, StoreError>)> = rx.iter().collect();
+        assert_eq!(results.len(), 200);
+        results.sort_by_key(|(i, _)| *i);
+        let mut next = 3;
+        for (i, r) in results {
+            if i % 10 == 5 {
+                assert!(matches!(r, Err(StoreError::Conflict(_))), "{i}: {r:?}");
+            } else {
+                let ack = r.expect("ok");
+                assert_eq!(
+                    (ack.first_seq, ack.last_seq),
+                    (next, next + 1),
+                    "commit {i}"
+                );
+                next += 2;
+            }
+        }
+        let mut out = Vec::new();
+        s.export_chain(&mut out).expect("export");
+        let v = verify_jsonl(&out[..]);
+        assert!(v.ok && v.entries == next - 1, "{v:?}");
+    });
+}
+
+#[test]
+fn invalid_commits_are_refused_up_front() {
+    both(|s| {
+        let bad = [
+            Commit {
+                events: vec![event("k", json!([1]))],
+                ..Commit::default()
+            },
+            Commit {
+                events: vec![event("", json!({}))],
+                ..Commit::default()
+            },
+            Commit {
+                budget_draws: vec![BudgetRow {
+                    amount: f64::NAN,
+                    ..budget("r", 1)
+                }],
+                ..Commit::default()
+            },
+            Commit {
+                revisions: vec![RevisionRow {
+                    device_id: "d".into(),
+                    resource: "r".into(),
+                    revision: u64::MAX,
+                }],
+                ..Commit::default()
+            },
+        ];
+        for c in bad {
+            let err = s.commit_blocking(c).expect_err("invalid");
+            assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        }
+        let mut deep = json!({});
+        for _ in 0..100 {
+            deep = json!({ "d": deep });
+        }
+        let err = s.commit_blocking(Commit {
+            events: vec![event("k", deep)],
+            ..Commit::default()
+        });
+        assert!(matches!(err, Err(StoreError::Invalid(_))), "{err:?}");
+        assert_eq!(s.chain_head().expect("head"), None);
+    });
+}
+
+#[test]
+fn receipt_digests_are_the_most_recent() {
+    both(|s| {
+        for i in 0..5 {
+            s.commit_blocking(Commit {
+                receipts: vec![receipt(&format!("r{i}"))],
+                ..Commit::default()
+            })
+            .expect("commit");
+        }
+        let (d, complete) = s.receipt_digests(3).expect("digests");
+        let ids: Vec<&str> = d.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["r2", "r3", "r4"]);
+        assert!(!complete);
+        assert_eq!(d[2].1, receipt("r4").input_digest);
+        let (d, complete) = s.receipt_digests(5).expect("digests");
+        assert_eq!(d.len(), 5);
+        assert!(complete);
+        let (d, complete) = s.receipt_digests(0).expect("digests");
+        assert!(d.is_empty() && !complete);
+    });
+}
+
+#[test]
+fn upserts_and_ordering() {
+    both(|s| {
+        let c = Commit {
+            revisions: vec![
+                RevisionRow {
+                    device_id: "b".into(),
+                    resource: "x".into(),
+                    revision: 1,
+                },
+                RevisionRow {
+                    device_id: "a".into(),
+                    resource: "y".into(),
+                    revision: 1,
+                },
+                RevisionRow {
+                    device_id: "a".into(),
+                    resource: "x".into(),
+                    revision: 1,
+                },
+            ],
+            latches: vec![
+                LatchRow {
+                    device_id: "z".into(),
+                    latched: true,
+                    info: json!({}),
+                },
+                LatchRow {
+                    device_id: "a".into(),
+                    latched: true,
+                    info: json!({"n": 1}),
+                },
+            ],
+            budget_draws: vec![budget("late", 20), budget("early", 10), budget("mid", 15)],
+            ..Commit::default()
+        };
+        s.commit_blocking(c).expect("commit");
+        let c = Commit {
+            revisions: vec![RevisionRow {
+                device_id: "a".into(),
+                resource: "x".into(),
+                revision: 2,
+            }],
+            latches: vec![LatchRow {
+                device_id: "a".into(),
+                latched: false,
+                info: json!({"n": 2}),
+            }],
+            ..Commit::default()
+        };
+        s.commit_blocking(c).expect("commit");
+        let revs: Vec<(String, String, u64)> = s
+            .revisions()
+            .expect("revs")
+            .into_iter()
+            .map(|r| (r.device_id, r.resource, r.revision))
+            .collect();
+        assert_eq!(
+            revs,
+            [
+                ("a".into(), "x".into(), 2),
+                ("a".into(), "y".into(), 1),
+                ("b".into(), "x".into(), 1)
+            ]
+        );
+        let latches = s.latches().expect("latches");
+        assert_eq!(
+            latches[0],
+            LatchRow {
+                device_id: "a".into(),
+                latched: false,
+                info: json!({"n": 2})
+            }
+        );
+        assert_eq!(latches[1].device_id, "z");
+        let ids: Vec<String> = s
+            .budget_rows_since(11)
+            .expect("budget")
+            .into_iter()
+            .map(|b| b.reservation_id)
+            .collect();
+        assert_eq!(ids, ["mid", "late"]);
+    });
+}
+
+#[test]
+fn concurrent_submitters_get_contiguous_seqs() {
+    both(|s| {
+        const THREADS: usize = 16;
+        const PER_THREAD: usize = 100;
+        let acks: Vec<CommitAck> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    scope.spawn(move || {
+                        (0..PER_THREAD)
+                            .map(|i| {
+                                let id = format!("t{t}-{i}");
+                                s.commit_blocking(full_commit(&id)).expect("commit")
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let mut ranges: Vec<(u64, u64)> = acks.iter().map(|a| (a.first_seq, a.last_seq)).collect();
+        ranges.sort();
+        let mut next = 1;
+        for (first, last) in ranges {
+            assert_eq!((first, last), (next, next + 1));
+            next += 2;
+        }
+        let total = (THREADS * PER_THREAD * 2) as u64;
+        assert_eq!(next - 1, total);
+        let mut out = Vec::new();
+        assert_eq!(s.export_chain(&mut out).expect("export"), total);
+        let v = verify_jsonl(&out[..]);
+        assert!(v.ok, "{:?}", v.first_broken);
+        assert_eq!(
+            s.receipt_digests(usize::MAX).expect("digests").0.len(),
+            THREADS * PER_THREAD
+        );
+    });
+}
+
+#[test]
+fn reopen_keeps_everything_and_continues_the_chain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let head = {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(full_commit("a")).expect("a");
+        let ack = s.commit_blocking(full_commit("b")).expect("b");
+        s.commit_blocking(Commit {
+            budget_releases: vec!["r-a".into()],
+            ..Commit::default()
+        })
+        .expect("release");
+        ack
+    };
+    assert!(dir.path().join("tether.db").is_file());
+
+    let s = SqliteStore::open(dir.path()).expect("reopen");
+    assert_eq!(
+        s.chain_head().expect("head"),
+        Some((4, head.head_hash.clone()))
+    );
+    assert_eq!(s.receipt("a").expect("read"), Some(receipt("a")));
+    assert_eq!(s.receipt("b").expect("read"), Some(receipt("b")));
+    assert_eq!(s.revisions().expect("revs").len(), 1);
+    assert_eq!(s.latches().expect("latches")[0].info, json!({"by": "op"}));
+    let budget_rows = s.budget_rows_since(0).expect("budget");
+    assert_eq!(budget_rows.len(), 2);
+    assert!(budget_rows
+        .iter()
+        .any(|b| b.reservation_id == "r-a" && b.released));
+    assert!(budget_rows
+        .iter()
+        .any(|b| b.reservation_id == "r-b" && !b.released));
+
+    // Idempotency survives the restart.
+    assert!(matches!(
+        s.commit_blocking(full_commit("a")),
+        Err(StoreError::Conflict(_))
+    ));
+
+    let ack = s.commit_blocking(full_commit("c")).expect("c");
+    assert_eq!((ack.first_seq, ack.last_seq), (5, 6));
+    let tail = s.chain_tail(3).expect("tail");
+    assert_eq!(tail[0]["hash"], head.head_hash.as_str());
+    assert_eq!(tail[1]["prev_hash"], head.head_hash.as_str());
+    drop(s);
+
+    let report = verify_store(dir.path()).expect("verify");
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, 6);
+}
+
+#[test]
+fn tampered_head_refuses_to_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(full_commit("a")).expect("a");
+    }
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    db.execute(
+        "UPDATE events SET line = replace(line, '\"a\"', '\"x\"') WHERE seq = 2",
+        [],
+    )
+    .expect("tamper");
+    drop(db);
+    let err = SqliteStore::open(dir.path()).expect_err("corrupt");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("hash mismatch"), "{err}");
+}
+
+#[test]
+fn newer_schema_is_unsupported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(SqliteStore::open(dir.path()).expect("open"));
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    db.execute(
+        "INSERT INTO schema_version(version, applied_ms) VALUES (99, 0)",
+        [],
+    )
+    .expect("bump");
+    drop(db);
+    let err = SqliteStore::open(dir.path()).expect_err("newer");
+    assert!(matches!(err, StoreError::Unsupported(_)), "{err}");
+}
+
+#[test]
+fn two_writers_on_one_file_keep_one_chain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = SqliteStore::open(dir.path()).expect("a");
+    let b = SqliteStore::open(dir.path()).expect("b");
+    for i in 0..20 {
+        let s: &dyn Store = if i % 2 == 0 { &a } else { &b };
+        s.commit_blocking(full_commit(&format!("x{i}")))
+            .expect("commit");
+    }
+    drop((a, b));
+    let report = verify_store(dir.path()).expect("verify");
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, 40);
+}
+
+#[test]
+fn full_queue_is_overloaded_and_nothing_is_lost() {
+    let s = MemoryStore::new();
+    // Park the writer inside a callback so the queue can only fill.
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    s.submit(
+        Commit::default(),
+        Box::new(move |_| {
+            parked_tx.send(()).expect("parked");
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
+        }),
+    );
+    parked_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("writer parked");
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..QUEUE_CAPACITY {
+        let tx = tx.clone();
+        s.submit(
+            Commit::default(),
+            Box::new(move |r| tx.send(r.is_ok()).expect("send")),
+        );
+    }
+    let err = s
+        .commit_blocking(Commit::default())
+        .expect_err("overloaded");
+    assert_eq!(err, StoreError::Overloaded);
+    assert!(err.is_retryable());
+    release_tx.send(()).expect("release");
+    drop(tx);
+    let oks = rx.iter().filter(|ok| *ok).count();
+    assert_eq!(oks, QUEUE_CAPACITY);
+}
+
+#[test]
+fn a_panicking_callback_does_not_stop_the_writer() {
+    both(|s| {
+        s.submit(Commit::default(), Box::new(|_| panic!("callback bug")));
+        s.commit_blocking(full_commit("after"))
+            .expect("writer still running");
+    });
+}
+
+#[test]
+fn dropping_the_last_handle_from_a_callback_does_not_deadlock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Arc::new(SqliteStore::open(dir.path()).expect("open"));
+    let (tx, rx) = mpsc::channel();
+    let held = Arc::clone(&s);
+    s.submit(
+        full_commit("last"),
+        Box::new(move |r| {
+            drop(held);
+            tx.send(r.is_ok()).expect("send");
+        }),
+    );
+    drop(s);
+    assert!(rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("callback ran"));
+    let s = SqliteStore::open(dir.path()).expect("reopen");
+    assert!(s.receipt("last").expect("read").is_some());
+}
+
+#[test]
+fn drop_drains_the_queue() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tx, rx) = mpsc::channel();
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        for i in 0..500 {
+            let tx = tx.clone();
+            s.submit(
+                full_commit(&format!("d{i}")),
+                Box::new(move |r| tx.send(r.is_ok()).expect("send")),
+            );
+        }
+    }
+    drop(tx);
+    assert_eq!(rx.iter().filter(|ok| *ok).count(), 500);
+    let s = SqliteStore::open(dir.path()).expect("reopen");
+    assert_eq!(s.chain_head().expect("head").map(|h| h.0), Some(1000));
+}
