@@ -12,6 +12,9 @@
 
 use criterion::{criterion_group, Criterion};
 use serde_json::json;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use std::time::Instant;
 use tether_kernel::{CommandRequest, Kernel, KernelConfig, Principal, SessionOpen};

@@ -6,6 +6,9 @@
 //! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines for the docs.
 
 use serde_json::json;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tether_kernel::{

@@ -811,7 +811,7 @@ impl Kernel {
     async fn dispatch(&self, ctx: Ctx, admitted: Admitted) -> Result<Value, ApiError> {
         let dev = &self.inner.devices[ctx.device];
         let (b, _) = dev.binding(ctx.binding);
-        let _guard = match Kernel::concurrency(b) {
+        let guard = match Kernel::concurrency(b) {
             Concurrency::Shared => None,
             Concurrency::Exclusive => match dev.lock.try_lock() {
                 Ok(g) => Some(g),
@@ -878,6 +878,7 @@ impl Kernel {
         if let Err(r) = self.register_op(&ctx, b, &op_id, &cancel) {
             return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
         }
+        let mut pending_admission: Option<Value> = None;
         if !b.is_read() {
             let decision = Commit {
                 events: vec![EventDraft {
@@ -889,14 +890,15 @@ impl Kernel {
             };
             // A physical call, or one that draws a budget, waits until its
             // admission is durable before dispatch (fail-closed evidence). A
-            // simulated call only queues it: the store writes in submission
-            // order, so the receipt that follows is never durable without it.
+            // simulated call writes its admission in the same commit as its
+            // receipt: nothing physical can happen in between, and one commit
+            // instead of two halves the evidence cost of the common case.
             let must_be_durable =
                 dev.spec.manifest.mode.is_physical() || !admitted.reservations.is_empty();
             let durable = if must_be_durable {
                 self.commit(decision).await.map(|_| ())
             } else {
-                self.record(decision);
+                pending_admission = decision.events.into_iter().next().map(|e| e.body);
                 Ok(())
             };
             if let Err(e) = durable {
@@ -935,7 +937,31 @@ impl Kernel {
         let result = self
             .run_driver(dev, b, auth, cancel, &op_id, ctx.deadline)
             .await;
-        self.finish(ctx, b, before, result, &op_id).await
+        // A configure command's output is built by the kernel ({applied, revision}),
+        // so the driver's own answer is not held to the class output schema.
+        let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
+        let (_, rt) = dev.binding(ctx.binding);
+        let (status, output, error) = classify(result, (!is_configure).then_some(&rt.output));
+        let after = if status != Status::Rejected && !b.is_read() {
+            dev.revisions
+                .get(&b.resource)
+                .map_or(before, |r| r.fetch_add(1, Ordering::SeqCst) + 1)
+        } else {
+            before
+        };
+        // The device lock covers the effect and its revision, not the wait for
+        // the receipt to become durable: holding it across the fsync would
+        // serialise every command of the device behind the disk.
+        drop(guard);
+        self.finish(
+            ctx,
+            b,
+            (before, after),
+            (status, output, error),
+            &op_id,
+            pending_admission,
+        )
+        .await
     }
 
     async fn refuse_admitted(
@@ -1061,16 +1087,13 @@ impl Kernel {
         &self,
         ctx: Ctx,
         b: &BindingSpec,
-        before: u64,
-        outcome: DriverOutcome,
+        (before, after): (u64, u64),
+        (status, output, error): (Status, Option<Value>, Option<Refusal>),
         op_id: &str,
+        pending_admission: Option<Value>,
     ) -> Result<Value, ApiError> {
         let dev = &self.inner.devices[ctx.device];
-        let (_, rt) = dev.binding(ctx.binding);
-        // A configure command's output is built by the kernel ({applied, revision}),
-        // so the driver's own answer is not held to the class output schema.
         let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
-        let (status, output, error) = classify(outcome, (!is_configure).then_some(&rt.output));
         if status == Status::Rejected {
             // The device refused before actuating: no side effect, like any refusal.
             self.abort_idempotent(&ctx.command_id);
@@ -1079,13 +1102,6 @@ impl Kernel {
             return Ok(self.reject_binding(&ctx, refusal).await);
         }
         let advances = !b.is_read();
-        let after = if advances {
-            dev.revisions
-                .get(&b.resource)
-                .map_or(before, |r| r.fetch_add(1, Ordering::SeqCst) + 1)
-        } else {
-            before
-        };
         let mut output = output;
         if is_configure && status == Status::Completed {
             output = Some(json!({"applied": ctx.input, "revision": after}));
@@ -1103,10 +1119,19 @@ impl Kernel {
         receipt.decision = Some("allow");
         receipt.extra.insert("operation_id".into(), json!(op_id));
         let wire = receipt.to_json();
+        // A simulated command records its admission (the decision) and its
+        // receipt in one entry; a physical one recorded the admission before
+        // dispatch.
+        let body = match pending_admission {
+            Some(admission) => json!({"admission": admission, "receipt": wire}),
+            None => {
+                json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id})
+            }
+        };
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "command.receipt".into(),
-                body: json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id}),
+                body,
             }],
             receipts: vec![ReceiptRow {
                 command_id: ctx.command_id.clone(),

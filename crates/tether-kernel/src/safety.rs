@@ -25,6 +25,9 @@ use tether_store::{Commit, EventDraft, LatchRow};
 pub const INTERNAL_ESTOP: &str = "cap.internal.safety_estop.v1";
 /// Receipt capability id of a reset.
 pub const INTERNAL_RESET: &str = "cap.internal.safety_reset.v1";
+/// Longest the e-stop waits for its latch to become durable before it runs
+/// the stop path anyway, ms.
+const LATCH_PERSIST_WAIT_MS_MAX: u64 = 100;
 
 struct DeviceStop {
     device: usize,
@@ -148,6 +151,35 @@ impl Kernel {
         let dev = &self.inner.devices[d];
         let cancelled = self.cancel_device_ops(d, reason);
         let budget = Duration::from_millis(dev.estop_budget_ms());
+        // Persist the latch before any driver I/O. The wait is bounded: a store
+        // that cannot make it durable must never delay the stop path itself
+        // (stops always run); the answer then says the latch is held in memory.
+        let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
+        let latch_commit = Commit {
+            events: vec![EventDraft {
+                kind: "safety.estop".into(),
+                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled}),
+            }],
+            latches: vec![LatchRow {
+                device_id: dev.id().to_owned(),
+                latched: true,
+                info: json!({"since_ms": info.since_ms, "reason": info.reason}),
+            }],
+            ..Commit::default()
+        };
+        let persist_wait = (budget / 2).min(Duration::from_millis(LATCH_PERSIST_WAIT_MS_MAX));
+        let durable = match tokio::time::timeout(persist_wait, self.commit(latch_commit)).await {
+            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "not durable within {} ms",
+                persist_wait.as_millis()
+            )),
+        };
+        if durable.is_ok() {
+            if let Ok(mut l) = dev.latch.lock() {
+                l.durable = true;
+            }
+        }
         let auth = Authorized::mint(
             dev.id(),
             catalogue::ESTOP,
@@ -159,8 +191,9 @@ impl Kernel {
             Some(t0 + budget),
         );
         let driver = dev.driver.clone();
+        let stop_budget = budget.saturating_sub(t0.elapsed());
         let native = tokio::time::timeout(
-            budget,
+            stop_budget,
             tokio::task::spawn_blocking(move || driver.estop(&auth)),
         )
         .await;
@@ -170,25 +203,6 @@ impl Kernel {
             Ok(Err(_)) => Err("native stop worker ended abnormally".into()),
             Err(_) => Err("native stop did not answer within the stop budget".into()),
         };
-        let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
-        let commit = Commit {
-            events: vec![EventDraft {
-                kind: "safety.estop".into(),
-                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "native": native_result.as_ref().err()}),
-            }],
-            latches: vec![LatchRow {
-                device_id: dev.id().to_owned(),
-                latched: true,
-                info: json!({"since_ms": info.since_ms, "reason": info.reason}),
-            }],
-            ..Commit::default()
-        };
-        let durable = self.commit(commit).await;
-        if durable.is_ok() {
-            if let Ok(mut l) = dev.latch.lock() {
-                l.durable = true;
-            }
-        }
         let ctx = Ctx {
             device: d,
             binding: usize::MAX,
@@ -221,7 +235,7 @@ impl Kernel {
                 Some(Refusal::new(
                     Code::EvidenceUnavailable,
                     "the latch is held in memory and not yet durable",
-                    json!({"reason": "latch_not_durable", "store_error": e.to_string()}),
+                    json!({"reason": "latch_not_durable", "store_error": e}),
                 )),
             ),
         };

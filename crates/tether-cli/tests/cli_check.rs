@@ -1,0 +1,160 @@
+//! `tether check` refuses manifest defects naming the file, the device and
+//! the field; `tether describe` prints limits with units and the
+//! not-certified statement.
+
+mod common;
+
+use common::tether;
+use std::path::{Path, PathBuf};
+
+const ARM_TOML: &str = include_str!("../../tether-drivers/cell/arm-1.toml");
+const ARM_PATH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tether-drivers/cell/arm-1.toml"
+);
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write manifest");
+    p
+}
+
+fn replace_once(text: &str, from: &str, to: &str) -> String {
+    assert!(
+        text.contains(from),
+        "arm-1.toml no longer contains {from:?}; update the test"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// `check FILE` must exit 1 and name the file, `arm-1` and every `fields` fragment on stderr.
+fn assert_defect(file: &Path, fields: &[&str]) {
+    let run = tether(&["check".as_ref(), file.as_os_str()]);
+    assert_eq!(
+        run.code,
+        Some(1),
+        "check {} should fail; stdout {:?} stderr {:?}",
+        file.display(),
+        run.stdout_text(),
+        run.stderr
+    );
+    let err = &run.stderr;
+    let name = file.display().to_string();
+    assert!(err.contains(&name), "stderr names the file {name}: {err}");
+    assert!(err.contains("arm-1"), "stderr names the device: {err}");
+    for f in fields {
+        assert!(err.contains(f), "stderr names the field {f:?}: {err}");
+    }
+    assert!(
+        !run.stdout_text().contains("ok: device"),
+        "a defective manifest is not reported ok: {}",
+        run.stdout_text()
+    );
+}
+
+#[test]
+fn check_accepts_the_builtin_arm_manifest() {
+    let run = tether(&["check", ARM_PATH]);
+    assert_eq!(
+        run.code,
+        Some(0),
+        "stdout {:?} stderr {:?}",
+        run.stdout_text(),
+        run.stderr
+    );
+    assert!(
+        run.stdout_text().contains("ok: device `arm-1`"),
+        "{}",
+        run.stdout_text()
+    );
+}
+
+#[test]
+fn check_refuses_a_binding_pair_declared_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!("{ARM_TOML}\n[[bindings]]\ncapability_id = \"cap.motion.park.v1\"\nresource = \"joints\"\ntarget = \"park\"\nkind = \"risk_reducing\"\n");
+    let f = write(dir.path(), "arm-dup-binding.toml", &text);
+    assert_defect(&f, &["bindings[5]", "cap.motion.park.v1"]);
+}
+
+#[test]
+fn check_refuses_an_uncatalogued_binding_without_input_schema() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!("{ARM_TOML}\n[[bindings]]\ncapability_id = \"cap.foo.bar.v1\"\nresource = \"joints\"\ntarget = \"foo\"\n");
+    let f = write(dir.path(), "arm-uncatalogued.toml", &text);
+    assert_defect(&f, &["bindings[5]", "input_schema", "cap.foo.bar.v1"]);
+}
+
+#[test]
+fn check_refuses_a_risk_class_below_the_class_floor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = replace_once(ARM_TOML, "risk_class = \"R2\"", "risk_class = \"R1\"");
+    let f = write(dir.path(), "arm-risk-r1.toml", &text);
+    assert_defect(&f, &["risk_class", "R2", "cap.motion.move_to.v1"]);
+}
+
+#[test]
+fn check_refuses_a_limits_typo() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = replace_once(
+        ARM_TOML,
+        "speed = { min = 0.05, max = 1.5",
+        "speed = { min = 0.05, maxx = 1.5",
+    );
+    let f = write(dir.path(), "arm-limits-typo.toml", &text);
+    assert_defect(&f, &["bindings[0].limits.speed", "maxx"]);
+}
+
+#[test]
+fn describe_prints_limits_with_units_and_the_not_certified_statement() {
+    let run = tether(&["describe", "arm-1"]);
+    assert_eq!(run.code, Some(0), "stderr {:?}", run.stderr);
+    let out = run.stdout_text();
+    assert!(out.contains("arm-1"), "{out}");
+    assert!(out.contains("cap.motion.move_to.v1"), "{out}");
+    assert!(out.contains("rad/s"), "speed limit with its unit: {out}");
+    assert!(out.contains("1.5"), "speed bound: {out}");
+    assert!(
+        out.contains("joints[*]") && out.contains(" rad"),
+        "joint limits in rad: {out}"
+    );
+    assert!(
+        out.to_lowercase().contains("not certified"),
+        "not-certified statement: {out}"
+    );
+}
+
+#[test]
+fn serve_refuses_to_start_with_a_defective_manifest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = replace_once(ARM_TOML, "risk_class = \"R2\"", "risk_class = \"R1\"");
+    write(dir.path(), "arm-risk-r1.toml", &text);
+    let config = write(
+        dir.path(),
+        "tether.toml",
+        "devices = [\"arm-risk-r1.toml\"]\n",
+    );
+    let state = dir.path().join("state");
+    // With stdin closed, a server that did start would end at once with 0.
+    let run = tether(&[
+        "serve".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--state-dir".as_ref(),
+        state.as_os_str(),
+        "--stdio".as_ref(),
+    ]);
+    assert_eq!(run.code, Some(2), "stderr {:?}", run.stderr);
+    assert!(
+        run.stderr.contains("arm-risk-r1.toml")
+            && run.stderr.contains("arm-1")
+            && run.stderr.contains("risk_class"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout.is_empty(),
+        "nothing was served: {:?}",
+        run.stdout_text()
+    );
+}
