@@ -27,14 +27,9 @@ fn main() {
     let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
     let drivers =
         tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let store = SqliteStore::open(dir.path()).expect("store");
-    let k = Kernel::new(
-        KernelConfig::standard("load"),
-        cell,
-        drivers,
-        Arc::new(store),
-    )
-    .expect("kernel");
+    let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
+    let k =
+        Kernel::new(KernelConfig::standard("load"), cell, drivers, store.clone()).expect("kernel");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -113,6 +108,14 @@ fn main() {
     let mut e = estop_ms.clone();
     e.sort_by(f64::total_cmp);
     println!("FIGURE durable_load callers={callers} commands={completed} seconds={secs:.2} commands_per_s={:.0}", completed as f64 / secs);
+    let stats = store.stats();
+    println!(
+        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={}",
+        stats.batches,
+        stats.commits,
+        stats.commits as f64 / stats.batches.max(1) as f64,
+        stats.largest_batch
+    );
     println!(
         "FIGURE estop_under_load_ms p50={:.2} max={:.2} (n={})",
         e[e.len() / 2],

@@ -880,14 +880,6 @@ impl Kernel {
         }
         let mut pending_admission: Option<Value> = None;
         if !b.is_read() {
-            let decision = Commit {
-                events: vec![EventDraft {
-                    kind: "command.admitted".into(),
-                    body: self.admitted_body(&ctx, b, &op_id),
-                }],
-                budget_draws: admitted.reservations.clone(),
-                ..Commit::default()
-            };
             // A physical call, or one that draws a budget, waits until its
             // admission is durable before dispatch (fail-closed evidence). A
             // simulated call writes its admission in the same commit as its
@@ -896,9 +888,24 @@ impl Kernel {
             let must_be_durable =
                 dev.spec.manifest.mode.is_physical() || !admitted.reservations.is_empty();
             let durable = if must_be_durable {
+                let decision = Commit {
+                    events: vec![EventDraft {
+                        kind: "command.admitted".into(),
+                        body: self.admitted_body(&ctx, b, &op_id),
+                    }],
+                    budget_draws: admitted.reservations.clone(),
+                    ..Commit::default()
+                };
                 self.commit(decision).await.map(|_| ())
             } else {
-                pending_admission = decision.events.into_iter().next().map(|e| e.body);
+                // The receipt repeats the binding, input digest and operation;
+                // the admission part keeps only what the receipt lacks.
+                pending_admission = Some(json!({
+                    "decision": "allow",
+                    "principal": ctx.principal.to_json(),
+                    "session_id": ctx.session_id,
+                    "risk": b.risk.as_str(),
+                }));
                 Ok(())
             };
             if let Err(e) = durable {

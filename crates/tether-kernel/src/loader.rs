@@ -262,6 +262,12 @@ fn resolve_device(
                 format!("resource `{}` declared twice", r.id),
             );
         }
+        check_units(
+            ctx,
+            &format!("resources[{i}].state_schema"),
+            &r.state_schema,
+            0,
+        );
         if !r.state_schema.is_object() || r.state_schema.get("type") != Some(&json!("object")) {
             ctx.defect(
                 format!("resources[{i}].state_schema"),
@@ -459,6 +465,9 @@ fn resolve_binding(
             (None, None) => return None,
         }
     };
+    if let Some(schema) = &decl.input_schema {
+        check_units(ctx, &at("input_schema"), schema, 0);
+    }
     let mut sources = Vec::new();
     if let Some(c) = class {
         sources.push(SourceRules {
@@ -750,5 +759,45 @@ fn check_interlocks(ctx: &mut Ctx<'_>, m: &DeviceManifest) {
                 }
             }
         }
+    }
+}
+
+/// Deepest schema nesting the unit check walks.
+const SCHEMA_DEPTH_MAX: usize = 32;
+
+/// Every `x-mhs-unit` must name a unit of the units table, so limits are
+/// always compared in a unit Tether can convert.
+fn check_units(ctx: &mut Ctx<'_>, field: &str, schema: &Value, depth: usize) {
+    if depth > SCHEMA_DEPTH_MAX {
+        ctx.defect(field, "schema nesting is deeper than 32 levels");
+        return;
+    }
+    match schema {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if k == "x-mhs-unit" {
+                    match v.as_str() {
+                        Some(u) if tether_limits::units::is_known(u) => {}
+                        Some(u) => ctx.defect(
+                            format!("{field}.x-mhs-unit"),
+                            format!(
+                                "unknown unit `{u}`; see docs/MANIFESTS.md for the units table"
+                            ),
+                        ),
+                        None => {
+                            ctx.defect(format!("{field}.x-mhs-unit"), "x-mhs-unit must be a string")
+                        }
+                    }
+                } else {
+                    check_units(ctx, &format!("{field}.{k}"), v, depth + 1);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                check_units(ctx, &format!("{field}[{i}]"), v, depth + 1);
+            }
+        }
+        _ => {}
     }
 }

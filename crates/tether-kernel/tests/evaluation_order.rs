@@ -635,6 +635,14 @@ fn manifest_defects_name_the_file_the_device_and_the_field() {
         "unit mismatch must be a load error"
     );
 
+    let unknown_unit = MANIFEST.replace("\"x-mhs-unit\" = \"%\"", "\"x-mhs-unit\" = \"furlong\"");
+    let msg = defects(&unknown_unit, None);
+    assert!(
+        msg.contains("resources[0].state_schema.properties.level.x-mhs-unit")
+            && msg.contains("furlong"),
+        "{msg}"
+    );
+
     let env_bad = format!("{MANIFEST}envelope = {{ \"motion\" = {{ amount = {{ max = 1 }} }} }}\n");
     assert!(defects(&env_bad, None).contains("envelope-key-invalid"));
     let env_unbound =
@@ -683,4 +691,30 @@ fn the_builtin_cell_loads_cleanly() {
     )
     .expect("loads");
     assert_eq!(cell.devices.len(), 1);
+}
+
+#[test]
+fn json_manifests_load_like_toml_and_refuse_duplicate_keys() {
+    let value: toml::Value = toml::from_str(MANIFEST).expect("toml");
+    let json_text = serde_json::to_string(&value).expect("json");
+    let src = vec![ManifestSource {
+        origin: "rig-1.json".into(),
+        text: json_text.clone(),
+    }];
+    let cell = load(&src, None).expect("the JSON form loads");
+    assert_eq!(cell.devices[0].bindings.len(), 6);
+    let dup = json_text.replacen(
+        "\"device_id\":\"rig-1\"",
+        "\"device_id\":\"rig-1\",\"device_id\":\"rig-2\"",
+        1,
+    );
+    let err = load(
+        &[ManifestSource {
+            origin: "rig-1.json".into(),
+            text: dup,
+        }],
+        None,
+    )
+    .expect_err("duplicate key");
+    assert!(err[0].to_string().contains("duplicate key"), "{}", err[0]);
 }

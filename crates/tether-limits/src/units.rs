@@ -43,6 +43,20 @@ pub enum Dimension {
     Power,
     /// Dimensionless ratio, base `1` (so `%` is 0.01).
     Ratio,
+    /// Volume, SI base cubic metre (`m3`); lab volumes in `L`, `mL`, `uL`.
+    Volume,
+    /// Volumetric flow, SI base cubic metre per second (`m3/s`).
+    Flow,
+    /// Mass, SI base kilogram (`kg`).
+    Mass,
+    /// Frequency, SI base hertz (`Hz`).
+    Frequency,
+    /// Energy, SI base joule (`J`).
+    Energy,
+    /// Linear acceleration, SI base metre per second squared (`m/s2`).
+    Acceleration,
+    /// Angular acceleration, SI base radian per second squared (`rad/s2`).
+    AngularAcceleration,
 }
 
 impl Dimension {
@@ -62,6 +76,13 @@ impl Dimension {
             Dimension::Current => "current",
             Dimension::Power => "power",
             Dimension::Ratio => "ratio",
+            Dimension::Volume => "volume",
+            Dimension::Flow => "flow",
+            Dimension::Mass => "mass",
+            Dimension::Frequency => "frequency",
+            Dimension::Energy => "energy",
+            Dimension::Acceleration => "acceleration",
+            Dimension::AngularAcceleration => "angular_acceleration",
         }
     }
 }
@@ -152,6 +173,27 @@ pub const UNITS: &[UnitDef] = &[
     unit("mW", Dimension::Power, 1e-3),
     unit("1", Dimension::Ratio, 1.0),
     unit("%", Dimension::Ratio, 1e-2),
+    unit("m3", Dimension::Volume, 1.0),
+    unit("L", Dimension::Volume, 1e-3),
+    unit("mL", Dimension::Volume, 1e-6),
+    unit("uL", Dimension::Volume, 1e-9),
+    unit("m3/s", Dimension::Flow, 1.0),
+    unit("L/min", Dimension::Flow, 1e-3 / 60.0),
+    unit("mL/min", Dimension::Flow, 1e-6 / 60.0),
+    unit("mL/s", Dimension::Flow, 1e-6),
+    unit("uL/min", Dimension::Flow, 1e-9 / 60.0),
+    unit("kg", Dimension::Mass, 1.0),
+    unit("g", Dimension::Mass, 1e-3),
+    unit("mg", Dimension::Mass, 1e-6),
+    unit("Hz", Dimension::Frequency, 1.0),
+    unit("kHz", Dimension::Frequency, 1e3),
+    unit("J", Dimension::Energy, 1.0),
+    unit("kJ", Dimension::Energy, 1e3),
+    unit("Wh", Dimension::Energy, 3600.0),
+    unit("m/s2", Dimension::Acceleration, 1.0),
+    unit("mm/s2", Dimension::Acceleration, 1e-3),
+    unit("rad/s2", Dimension::AngularAcceleration, 1.0),
+    unit("deg/s2", Dimension::AngularAcceleration, DEG),
 ];
 
 /// Accepted alternative spellings and the canonical unit each stands for.

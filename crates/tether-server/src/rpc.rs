@@ -427,6 +427,16 @@ fn estop_request(
     )
 }
 
+/// Serves a well-formed e-stop. A well-formed but unknown device id stops
+/// nothing and is `MHS.DEVICE.UNKNOWN`.
+async fn serve_estop(kernel: &Kernel, p: &Principal, params: &Value) -> Result<Value, ApiError> {
+    let (req, error) = estop_request(p, params, kernel);
+    match error {
+        Some(e) if req.device_ids.is_empty() => Err(e),
+        _ => Ok(kernel.estop(req).await),
+    }
+}
+
 async fn dispatch(
     kernel: &Kernel,
     p: &Principal,
@@ -524,11 +534,7 @@ async fn dispatch(
             if let Some(reason) = params.get("input").and_then(|i| i.get("reason")) {
                 stop["reason"] = reason.clone();
             }
-            let (req, error) = estop_request(p, &stop, kernel);
-            match error {
-                Some(e) if req.device_ids.is_empty() => Err(e),
-                _ => Ok(kernel.estop(req).await),
-            }
+            serve_estop(kernel, p, &stop).await
         }
         "mhs.command" => {
             let q: CommandParams = parse(params)?;
@@ -544,14 +550,7 @@ async fn dispatch(
             };
             kernel.command(p, req).await
         }
-        "mhs.safety.estop" => {
-            let (req, error) = estop_request(p, &params, kernel);
-            match error {
-                // A well-formed but unknown device id stops nothing.
-                Some(e) if req.device_ids.is_empty() => Err(e),
-                _ => Ok(kernel.estop(req).await),
-            }
-        }
+        "mhs.safety.estop" => serve_estop(kernel, p, &params).await,
         "mhs.safety.reset" => {
             let q: ResetParams = parse(params)?;
             kernel

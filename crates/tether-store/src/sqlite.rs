@@ -78,6 +78,68 @@ pub struct SqliteStore {
     writer: Writer,
     reader: Mutex<Connection>,
     path: PathBuf,
+    // Declared last: dropped after the writer has drained.
+    _checkpointer: Checkpointer,
+}
+
+/// The writer's automatic checkpoint threshold, pages: a backstop only.
+const WRITER_AUTOCHECKPOINT_PAGES: i64 = 65_536;
+/// How often the checkpointer copies the WAL back into the database.
+const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A thread with its own connection that runs passive checkpoints, which
+/// never block the writer.
+struct Checkpointer {
+    stop: std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn spawn(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let stop = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("tether-store-ckpt".into())
+            .spawn(move || checkpoint_loop(&conn, &flag))
+            .map_err(|e| StoreError::Io(format!("cannot start the checkpoint thread: {e}")))?;
+        Ok(Self {
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+fn checkpoint_loop(conn: &Connection, stop: &(Mutex<bool>, std::sync::Condvar)) {
+    let (lock, cv) = stop;
+    let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+    // Runs until the store is dropped; each round waits at most one interval.
+    while !*stopped {
+        let (guard, _) = cv
+            .wait_timeout(stopped, CHECKPOINT_INTERVAL)
+            .unwrap_or_else(|p| p.into_inner());
+        stopped = guard;
+        if *stopped {
+            break;
+        }
+        drop(stopped);
+        // A failed passive checkpoint is retried next round; the WAL keeps
+        // every committed frame meanwhile, so nothing is lost.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.stop;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -116,11 +178,11 @@ impl SqliteStore {
         // few thousand commits touches thousands of pages, and re-reading
         // evicted B-tree pages from disk stalls the only writer.
         conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
-        // Checkpoint every 8192 pages (32 MiB of WAL) instead of 1000: the
-        // checkpoint runs inside the only writer's commit, and hot pages (the
-        // revision rows, the B-tree spine) are copied back once per checkpoint
-        // rather than once per 4 MB.
-        conn.pragma_update(None, "wal_autocheckpoint", 8192)?;
+        // Checkpoints run on their own thread (see `Checkpointer`), never inside
+        // the only writer's commit, where a large one stalls every caller and
+        // the e-stop's latch write behind it. The writer's own automatic
+        // checkpoint stays only as a backstop should that thread be gone.
+        conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
         conn.set_prepared_statement_cache_capacity(32);
         migrate(&mut conn)?;
         let head = load_head(&conn)?;
@@ -140,10 +202,12 @@ impl SqliteStore {
             scratch: String::with_capacity(256),
         };
         let writer = Writer::spawn(backend, "tether-store-writer")?;
+        let checkpointer = Checkpointer::spawn(&path)?;
         Ok(SqliteStore {
             writer,
             reader: Mutex::new(reader),
             path,
+            _checkpointer: checkpointer,
         })
     }
 
