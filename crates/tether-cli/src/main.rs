@@ -69,8 +69,54 @@ enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
+    /// Trip the governed stop from a shell: every endpoint on the state
+    /// directory latches (one device, or all). Works with no endpoint running.
+    Estop {
+        /// Only this device (default: every device).
+        #[arg(long)]
+        device: Option<String>,
+        /// State directory shared with the endpoints.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "tether estop from a shell")]
+        reason: String,
+    },
+    /// Ask a running endpoint to reset a device's latch (operator command).
+    Reset {
+        /// Device to reset.
+        #[arg(long)]
+        device: String,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "operator reset from a shell")]
+        reason: String,
+    },
+    /// Simulator controls (for people and tests, never reachable by a model).
+    Sim {
+        #[command(subcommand)]
+        action: SimAction,
+    },
     /// Print the MHS error-code registry as Markdown.
     Codes,
+}
+
+#[derive(Subcommand)]
+enum SimAction {
+    /// Open or close a simulated door contact (the `door` interlock of arm-1).
+    Door {
+        /// `open` or `close`.
+        #[arg(value_parser = ["open", "close"])]
+        state: String,
+        /// Device whose door it is.
+        #[arg(long, default_value = "arm-1")]
+        device: String,
+        /// State directory of the endpoint.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -108,6 +154,37 @@ fn main() -> ExitCode {
             json,
         } => describe(&device, config, json),
         Command::Audit { action } => audit(action),
+        Command::Estop {
+            device,
+            state_dir,
+            reason,
+        } => estop(device.as_deref(), state_dir, &reason),
+        Command::Reset {
+            device,
+            endpoint,
+            reason,
+        } => reset(&device, &endpoint, &reason),
+        Command::Sim {
+            action:
+                SimAction::Door {
+                    state,
+                    device,
+                    state_dir,
+                },
+        } => {
+            let dir = config::state_dir(state_dir.as_deref(), None);
+            let env = tether_drivers::SimEnv::in_state_dir(&dir);
+            match tether_drivers::set_sim_contact(&env, &device, "door", state == "close") {
+                Ok(()) => {
+                    println!(
+                        "simulated door of {device}: {}",
+                        if state == "close" { "closed" } else { "open" }
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => Err(anyhow::anyhow!("cannot write the simulator control: {e}")),
+            }
+        }
         Command::Codes => {
             print!("{}", tether_core::codes::registry_markdown());
             Ok(ExitCode::SUCCESS)
@@ -241,6 +318,69 @@ fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
     }
 }
 
+fn estop(
+    device: Option<&str>,
+    state_dir: Option<PathBuf>,
+    reason: &str,
+) -> anyhow::Result<ExitCode> {
+    let dir = config::state_dir(state_dir.as_deref(), None);
+    let store = SqliteStore::open(&dir)
+        .with_context(|| format!("opening the store in {}", dir.display()))?;
+    match tether_kernel::governed::trip_in_store(&store, device, reason, "cli") {
+        Ok(since) => {
+            println!(
+                "governed stop latched and durable: {} (at {since} ms, state {})",
+                device.unwrap_or("every device"),
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            // Not durable means not acknowledged: say so and fail.
+            eprintln!("tether: the stop could NOT be made durable: {e}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn reset(device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitCode> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.safety.reset", "params": {"device_id": device, "reason": reason}});
+    let answer = http_post_json(endpoint, &body.to_string())
+        .with_context(|| format!("asking {endpoint}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&answer).context("the endpoint's answer is not JSON")?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    let completed = v["result"]["status"] == "completed";
+    Ok(if completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// A minimal HTTP/1.1 POST on loopback: the CLI needs no TLS stack or HTTP
+/// client crate for one request to a local endpoint.
+fn http_post_json(url: &str, body: &str) -> anyhow::Result<String> {
+    use std::io::Read;
+    let rest = url
+        .strip_prefix("http://")
+        .context("only http:// endpoints are supported")?;
+    let (host, path) = rest.split_once('/').map_or((rest, ""), |(h, p)| (h, p));
+    let mut stream = std::net::TcpStream::connect(host)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = String::new();
+    stream.take(16 << 20).read_to_string(&mut raw)?;
+    let (_, payload) = raw
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP answer")?;
+    Ok(payload.to_owned())
+}
+
 fn serve(
     config_path: Option<PathBuf>,
     state_dir: Option<PathBuf>,
@@ -272,8 +412,11 @@ fn serve(
         }
     };
     let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
-    let drivers = tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest))
-        .map_err(anyhow::Error::msg)?;
+    let drivers = tether_drivers::build_all_with(
+        cell.devices.iter().map(|d| &d.manifest),
+        &tether_drivers::SimEnv::in_state_dir(&dir),
+    )
+    .map_err(anyhow::Error::msg)?;
     let store = SqliteStore::open(&dir)
         .with_context(|| format!("opening the evidence store in {}", dir.display()))?;
     let endpoint_id = loaded
@@ -292,6 +435,10 @@ fn serve(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Obey stops tripped by other processes on the same state directory.
+    let _watcher = kernel
+        .start_stop_watcher(runtime.handle().clone())
+        .context("starting the governed-stop watcher")?;
     runtime.block_on(async move {
         if stdio {
             eprintln!(

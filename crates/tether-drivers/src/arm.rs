@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, Signal};
+use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Signal};
 
 /// Joints of the simulated arm.
 pub const JOINTS: usize = 6;
@@ -33,6 +33,8 @@ pub struct SimArm {
     state: Mutex<State>,
     /// Incremented by every stop and e-stop; a motion that sees it change halts.
     halt_epoch: AtomicU64,
+    /// Simulator control file (the door contact), if any.
+    control: Option<std::path::PathBuf>,
 }
 
 impl SimArm {
@@ -59,7 +61,38 @@ impl SimArm {
                 target: None,
             }),
             halt_epoch: AtomicU64::new(0),
+            control: None,
         })
+    }
+
+    /// Reads the door contact from this control file.
+    pub fn with_control(mut self, control: Option<std::path::PathBuf>) -> Self {
+        self.control = control;
+        self
+    }
+
+    /// The door as the simulated contact reports it: closed unless the control
+    /// file says otherwise; an unreadable or malformed file reads unknown.
+    fn door(&self) -> InterlockState {
+        let Some(path) = &self.control else {
+            return InterlockState::Closed;
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return InterlockState::Closed,
+            Err(_) => return InterlockState::Unknown,
+        };
+        match serde_json::from_str::<Value>(&text)
+            .ok()
+            .as_ref()
+            .and_then(|v| v.get("door"))
+            .and_then(Value::as_str)
+        {
+            Some("closed") => InterlockState::Closed,
+            Some("open") => InterlockState::Open,
+            None if serde_json::from_str::<Value>(&text).is_ok() => InterlockState::Closed,
+            _ => InterlockState::Unknown,
+        }
     }
 
     fn snapshot(&self) -> Result<State, Signal> {
@@ -181,5 +214,9 @@ impl Driver for SimArm {
     fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
         self.halt_epoch.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+
+    fn interlocks(&self) -> Vec<(String, InterlockState)> {
+        vec![("door".to_owned(), self.door())]
     }
 }

@@ -44,18 +44,53 @@ pub fn builtin_cell() -> Vec<ManifestSource> {
 /// Driver kinds this crate can build.
 pub const KINDS: &[&str] = &["sim.thermostat", "sim.arm", "sim.relay"];
 
-/// Builds the driver a manifest names.
+/// Where simulator controls live: `<state_dir>/sim-control/<device_id>.json`,
+/// written by `tether sim` and read by the simulated drivers. A file, not a
+/// method: nothing a model can reach over JSON-RPC can set an interlock.
+#[derive(Clone, Debug, Default)]
+pub struct SimEnv {
+    /// The control directory; `None` means every simulated contact is closed.
+    pub control_dir: Option<std::path::PathBuf>,
+}
+
+impl SimEnv {
+    /// The simulator controls of a state directory.
+    pub fn in_state_dir(state_dir: &std::path::Path) -> Self {
+        Self {
+            control_dir: Some(state_dir.join("sim-control")),
+        }
+    }
+
+    /// The control file of a device.
+    pub fn control_file(&self, device_id: &str) -> Option<std::path::PathBuf> {
+        self.control_dir
+            .as_ref()
+            .map(|d| d.join(format!("{device_id}.json")))
+    }
+}
+
+/// Builds the driver a manifest names (no simulator controls).
 ///
 /// # Errors
 /// An unknown driver kind or a bad `driver_config`.
 pub fn build(manifest: &DeviceManifest) -> Result<Arc<dyn Driver>, String> {
+    build_with(manifest, &SimEnv::default())
+}
+
+/// Builds the driver a manifest names, with simulator controls.
+///
+/// # Errors
+/// An unknown driver kind or a bad `driver_config`.
+pub fn build_with(manifest: &DeviceManifest, env: &SimEnv) -> Result<Arc<dyn Driver>, String> {
     let cfg = manifest
         .driver_config
         .clone()
         .unwrap_or(serde_json::Value::Null);
     match manifest.driver.as_str() {
         "sim.thermostat" => Ok(Arc::new(thermostat::SimThermostat::new(&cfg)?)),
-        "sim.arm" => Ok(Arc::new(arm::SimArm::new(&cfg)?)),
+        "sim.arm" => Ok(Arc::new(
+            arm::SimArm::new(&cfg)?.with_control(env.control_file(&manifest.device_id)),
+        )),
         "sim.relay" => Ok(Arc::new(relay::SimRelay::new(&cfg)?)),
         other => Err(format!(
             "unknown driver kind `{other}` (known: {})",
@@ -71,9 +106,20 @@ pub fn build(manifest: &DeviceManifest) -> Result<Arc<dyn Driver>, String> {
 pub fn build_all<'a>(
     manifests: impl IntoIterator<Item = &'a DeviceManifest>,
 ) -> Result<HashMap<String, Arc<dyn Driver>>, String> {
+    build_all_with(manifests, &SimEnv::default())
+}
+
+/// Builds every driver, with simulator controls.
+///
+/// # Errors
+/// The first device whose driver cannot be built, with its id.
+pub fn build_all_with<'a>(
+    manifests: impl IntoIterator<Item = &'a DeviceManifest>,
+    env: &SimEnv,
+) -> Result<HashMap<String, Arc<dyn Driver>>, String> {
     let mut out = HashMap::new();
     for m in manifests {
-        let d = build(m).map_err(|e| format!("device `{}`: {e}", m.device_id))?;
+        let d = build_with(m, env).map_err(|e| format!("device `{}`: {e}", m.device_id))?;
         out.insert(m.device_id.clone(), d);
     }
     Ok(out)
@@ -87,4 +133,34 @@ fn cfg_f64(cfg: &serde_json::Value, key: &str, default: f64) -> Result<f64, Stri
             .filter(|x| x.is_finite())
             .ok_or_else(|| format!("driver_config.{key} must be a finite number")),
     }
+}
+
+/// Sets a simulated contact (`tether sim door`): writes the device's control
+/// file atomically (write then rename).
+///
+/// # Errors
+/// I/O errors.
+pub fn set_sim_contact(
+    env: &SimEnv,
+    device_id: &str,
+    contact: &str,
+    closed: bool,
+) -> std::io::Result<()> {
+    let Some(path) = env.control_file(device_id) else {
+        return Err(std::io::Error::other("no simulator control directory"));
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut doc: serde_json::Map<String, serde_json::Value> = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    doc.insert(
+        contact.to_owned(),
+        serde_json::json!(if closed { "closed" } else { "open" }),
+    );
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::Value::Object(doc).to_string())?;
+    std::fs::rename(tmp, path)
 }

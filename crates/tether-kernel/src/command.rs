@@ -27,6 +27,8 @@ use tether_store::{canonical, BudgetRow, Commit, EventDraft, ReceiptRow, Revisio
 const SCHEMA_ERRORS_MAX: usize = 16;
 /// How long a cancelled call may take to return before its outcome is unknown.
 const CANCEL_GRACE: Duration = Duration::from_millis(1000);
+/// How often the interlocks of a running operation are read, ms.
+const INTERLOCK_POLL_MS: u64 = 20;
 /// Longest session lifetime a client may ask for, ms.
 const SESSION_TTL_MS_MAX: u64 = 86_400_000;
 
@@ -873,6 +875,11 @@ impl Kernel {
                 )
                 .await);
         }
+        if dev.spec.manifest.mode.is_physical() {
+            if let Err(r) = self.reread_governed_stop(ctx.device) {
+                return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
+            }
+        }
         let op_id = ids::mint("op_");
         let cancel = CancelToken::new();
         if let Err(r) = self.register_op(&ctx, b, &op_id, &cancel) {
@@ -982,6 +989,43 @@ impl Kernel {
         self.reject_binding(ctx, refusal).await
     }
 
+    /// Before a physical call: the watcher is healthy and the store's latch
+    /// rows hold no trip this process has not applied. A stop that cannot be
+    /// read refuses the call.
+    fn reread_governed_stop(&self, d: usize) -> Result<(), Refusal> {
+        let dev = &self.inner.devices[d];
+        let unreadable = |why: String| {
+            Refusal::new(
+                Code::SafetyEstopEngaged,
+                "the governed stop cannot be read, so no physical call may start",
+                json!({"reason": "stop_unreadable", "detail": why}),
+            )
+        };
+        if !self.inner.stop_watch.readable() {
+            return Err(unreadable(
+                "the stop watcher has not read the store recently".into(),
+            ));
+        }
+        let rows = self
+            .inner
+            .store
+            .latches()
+            .map_err(|e| unreadable(e.to_string()))?;
+        match crate::governed::newest_event(&rows, dev.id()) {
+            Some(ev) if ev.latched && ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst) => {
+                Err(Refusal::new(
+                    Code::SafetyEstopEngaged,
+                    format!(
+                        "a governed stop of `{}` was tripped by another process",
+                        dev.id()
+                    ),
+                    json!({"reason": "governed_stop", "device_id": dev.id(), "tripped_at_ms": ev.at_ms, "latch_reason": ev.reason}),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn register_op(
         &self,
         ctx: &Ctx,
@@ -1078,6 +1122,8 @@ impl Kernel {
             r
         });
         let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+        let gated = gating_interlocks(dev, b);
+        let watch = self.watch_interlocks(dev, b, &gated);
         tokio::select! {
             joined = &mut handle => DriverOutcome::Returned(joined.unwrap_or_else(|_| Err(Signal::Failed { reason: "driver_panicked".into(), message: "the driver task ended abnormally".into() }))),
             () = sleep => {
@@ -1086,6 +1132,32 @@ impl Kernel {
                     Ok(joined) => DriverOutcome::DeadlineCancelled(joined.unwrap_or(Err(Signal::Cancelled))),
                     Err(_) => DriverOutcome::Abandoned,
                 }
+            }
+            opened = watch => {
+                // An interlock that opens while the operation runs stops it.
+                cancel.cancel();
+                match tokio::time::timeout(CANCEL_GRACE, &mut handle).await {
+                    Ok(joined) => DriverOutcome::InterlockOpened(joined.unwrap_or(Err(Signal::Cancelled)), opened),
+                    Err(_) => DriverOutcome::Abandoned,
+                }
+            }
+        }
+    }
+
+    /// Resolves (with the open interlocks) when a gating interlock of the
+    /// running operation stops reading closed; never resolves otherwise.
+    async fn watch_interlocks(&self, dev: &DeviceRt, _b: &BindingSpec, gated: &[usize]) -> Value {
+        if gated.is_empty() {
+            return std::future::pending().await;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(INTERLOCK_POLL_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Runs as long as the operation; the select! above drops it when the call ends.
+        loop {
+            tick.tick().await;
+            let open = open_interlocks(dev, gated);
+            if !open.is_empty() {
+                return json!(open);
             }
         }
     }
@@ -1266,6 +1338,7 @@ impl Ctx {
 
 enum DriverOutcome {
     Returned(Result<Value, Signal>),
+    InterlockOpened(Result<Value, Signal>, Value),
     DeadlineCancelled(Result<Value, Signal>),
     Abandoned,
 }
@@ -1283,6 +1356,15 @@ fn classify(
             }
         }
         DriverOutcome::Returned(Err(s)) => signal_outcome(s),
+        DriverOutcome::InterlockOpened(result, open) => (
+            if result.is_ok() { Status::Failed } else { Status::Cancelled },
+            None,
+            Some(Refusal::new(
+                Code::SafetyInterlockOpen,
+                "a gating interlock opened during the operation, which was stopped",
+                json!({"reason": "opened_during_operation", "interlocks": open}),
+            )),
+        ),
         DriverOutcome::DeadlineCancelled(Err(_)) => (Status::Failed, None, Some(Refusal::new(Code::OutcomeTimeout, "the deadline passed during the operation; it was cancelled", json!({"reason": "deadline_exceeded_during_dispatch"})))),
         DriverOutcome::Abandoned => (Status::Unknown, None, Some(Refusal::new(Code::OutcomeUnknown, "the deadline passed and the driver did not confirm cancellation; read the device before acting again", json!({"reason": "deadline_exceeded_cancel_unconfirmed"})))),
     }
@@ -1508,9 +1590,9 @@ fn walk_fields(
     }
 }
 
-fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
-    let gating: Vec<usize> = dev
-        .spec
+/// Indexes of the interlocks that gate this binding.
+fn gating_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Vec<usize> {
+    dev.spec
         .manifest
         .interlocks
         .iter()
@@ -1522,16 +1604,27 @@ fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
             })
         })
         .map(|(i, _)| i)
-        .collect();
+        .collect()
+}
+
+/// The gating interlocks that do not read closed (unknown counts as open).
+fn open_interlocks(dev: &DeviceRt, gating: &[usize]) -> Vec<Value> {
+    dev.interlock_readings()
+        .iter()
+        .filter(|(i, s)| gating.contains(i) && *s != InterlockState::Closed)
+        .map(|(i, s)| {
+            let il = &dev.spec.manifest.interlocks[*i];
+            json!({"id": il.id, "state": s.as_str(), "description": il.description})
+        })
+        .collect()
+}
+
+fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
+    let gating = gating_interlocks(dev, b);
     if gating.is_empty() {
         return Ok(());
     }
-    let readings = dev.interlock_readings();
-    let open: Vec<Value> = readings
-        .iter()
-        .filter(|(i, s)| gating.contains(i) && *s != InterlockState::Closed)
-        .map(|(i, s)| json!({"id": dev.spec.manifest.interlocks[*i].id, "state": s.as_str(), "description": dev.spec.manifest.interlocks[*i].description}))
-        .collect();
+    let open = open_interlocks(dev, &gating);
     if open.is_empty() {
         return Ok(());
     }

@@ -126,6 +126,9 @@ pub(crate) struct DeviceRt {
     pub bindings: Vec<BindingRt>,
     pub latched: AtomicBool,
     pub latch: Mutex<LatchInfo>,
+    /// Time of the newest latch or reset this process has applied (its own or
+    /// one observed in the shared store); older store rows are ignored.
+    pub latch_event_ms: AtomicU64,
     pub revisions: HashMap<String, AtomicU64>,
     pub lock: tokio::sync::Mutex<()>,
 }
@@ -175,6 +178,8 @@ pub(crate) struct Inner {
     pub ops: Mutex<HashMap<String, RunningOp>>,
     pub started: Instant,
     pub started_ms: u64,
+    /// Governed-stop watcher health.
+    pub stop_watch: crate::governed::WatchHealth,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).
@@ -287,24 +292,25 @@ impl Kernel {
                     .map_or(0, |row| row.revision);
                 revs.insert(r.id.clone(), AtomicU64::new(stored));
             }
-            let latch_row = latches.iter().find(|l| l.device_id == id && l.latched);
-            let latch = latch_row.map_or_else(LatchInfo::default, |l| LatchInfo {
-                since_ms: l.info.get("since_ms").and_then(Value::as_u64).unwrap_or(0),
-                reason: l
-                    .info
-                    .get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("restored")
-                    .to_owned(),
-                durable: true,
-            });
+            let newest = crate::governed::newest_event(&latches, &id);
+            let latch = match &newest {
+                Some(ev) if ev.latched => LatchInfo {
+                    since_ms: ev.at_ms,
+                    reason: ev.reason.clone(),
+                    durable: true,
+                },
+                _ => LatchInfo::default(),
+            };
+            let latched_at_start = newest.as_ref().is_some_and(|ev| ev.latched);
+            let event_ms = newest.as_ref().map_or(0, |ev| ev.at_ms);
             index.insert(id.clone(), devices.len());
             devices.push(DeviceRt {
                 spec,
                 driver,
                 bindings,
-                latched: AtomicBool::new(latch_row.is_some()),
+                latched: AtomicBool::new(latched_at_start),
                 latch: Mutex::new(latch),
+                latch_event_ms: AtomicU64::new(event_ms),
                 revisions: revs,
                 lock: tokio::sync::Mutex::new(()),
             });
@@ -349,6 +355,7 @@ impl Kernel {
                 ops: Mutex::new(HashMap::new()),
                 started: Instant::now(),
                 started_ms: now,
+                stop_watch: crate::governed::WatchHealth::default(),
             }),
         };
         let devices: Vec<Value> = kernel

@@ -23,6 +23,7 @@ mod authorized;
 mod command;
 mod describe;
 pub mod driver;
+pub mod governed;
 mod idempotency;
 mod kernel;
 pub mod loader;

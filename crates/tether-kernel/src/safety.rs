@@ -91,8 +91,12 @@ impl Kernel {
             let was = dev.latched.swap(true, Ordering::SeqCst);
             if let Ok(mut l) = dev.latch.lock() {
                 if !was {
+                    // Strictly newer than any event this process applied, so
+                    // every process orders this trip after it.
+                    let since = now_ms().max(dev.latch_event_ms.load(Ordering::SeqCst) + 1);
+                    dev.latch_event_ms.store(since, Ordering::SeqCst);
                     *l = LatchInfo {
-                        since_ms: now_ms(),
+                        since_ms: since,
                         reason: reason.to_owned(),
                         durable: false,
                     };
@@ -180,29 +184,7 @@ impl Kernel {
                 l.durable = true;
             }
         }
-        let auth = Authorized::mint(
-            dev.id(),
-            catalogue::ESTOP,
-            "",
-            "estop",
-            json!({"reason": reason}),
-            command_id.unwrap_or(""),
-            CallKind::Stop,
-            Some(t0 + budget),
-        );
-        let driver = dev.driver.clone();
-        let stop_budget = budget.saturating_sub(t0.elapsed());
-        let native = tokio::time::timeout(
-            stop_budget,
-            tokio::task::spawn_blocking(move || driver.estop(&auth)),
-        )
-        .await;
-        let native_result: Result<(), String> = match native {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(s))) => Err(format!("native stop failed: {s:?}")),
-            Ok(Err(_)) => Err("native stop worker ended abnormally".into()),
-            Err(_) => Err("native stop did not answer within the stop budget".into()),
-        };
+        let native_result = self.run_native_stop(d, t0, reason, command_id).await;
         let ctx = Ctx {
             device: d,
             binding: usize::MAX,
@@ -274,6 +256,42 @@ impl Kernel {
         }
     }
 
+    /// The device's native stop in a bounded worker: it may hang, the caller
+    /// never waits past the device's stop budget (measured from `t0`).
+    pub(crate) async fn run_native_stop(
+        &self,
+        d: usize,
+        t0: Instant,
+        reason: &str,
+        command_id: Option<&str>,
+    ) -> Result<(), String> {
+        let dev = &self.inner.devices[d];
+        let budget = Duration::from_millis(dev.estop_budget_ms());
+        let auth = Authorized::mint(
+            dev.id(),
+            catalogue::ESTOP,
+            "",
+            "estop",
+            json!({"reason": reason}),
+            command_id.unwrap_or(""),
+            CallKind::Stop,
+            Some(t0 + budget),
+        );
+        let driver = dev.driver.clone();
+        let stop_budget = budget.saturating_sub(t0.elapsed());
+        let native = tokio::time::timeout(
+            stop_budget,
+            tokio::task::spawn_blocking(move || driver.estop(&auth)),
+        )
+        .await;
+        match native {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(s))) => Err(format!("native stop failed: {s:?}")),
+            Ok(Err(_)) => Err("native stop worker ended abnormally".into()),
+            Err(_) => Err("native stop did not answer within the stop budget".into()),
+        }
+    }
+
     /// `mhs.safety.reset`: releases a latch when nothing forbids it. A reset
     /// resumes nothing.
     ///
@@ -301,6 +319,8 @@ impl Kernel {
         if let Some(refusal) = self.reset_refusal(d, p) {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
         }
+        // Strictly after the latch it releases, so no process orders it before.
+        let reset_at = now_ms().max(dev.latch_event_ms.load(Ordering::SeqCst) + 1);
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.reset".into(),
@@ -309,7 +329,7 @@ impl Kernel {
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),
                 latched: false,
-                info: json!({"reset_by": p.to_json(), "reset_at_ms": now_ms()}),
+                info: json!({"reset_by": p.to_json(), "reset_at_ms": reset_at}),
             }],
             ..Commit::default()
         };
@@ -321,6 +341,7 @@ impl Kernel {
             );
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
         }
+        dev.latch_event_ms.fetch_max(reset_at, Ordering::SeqCst);
         dev.latched.store(false, Ordering::SeqCst);
         if let Ok(mut l) = dev.latch.lock() {
             *l = LatchInfo::default();

@@ -250,4 +250,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// True when an acknowledged commit survives a crash (SQLite), false for memory.
     fn durable(&self) -> bool;
+
+    /// A cheap value that changes whenever a commit landed (from this
+    /// process or another one on the same store) since it was last read. The
+    /// governed-stop watcher polls it and re-reads the latches only on change.
+    fn change_token(&self) -> Result<u64, StoreError>;
 }

@@ -23,6 +23,8 @@ struct State {
     latches: BTreeMap<String, LatchRow>,
     budget: Vec<BudgetRow>,
     budget_index: HashMap<String, usize>,
+    /// Bumped by every applied commit (the change token).
+    version: u64,
 }
 
 impl State {
@@ -147,6 +149,7 @@ impl Backend for MemoryBackend {
                     .or_insert(0);
                 *slot = (*slot).max(r.revision);
             }
+            st.version = st.version.wrapping_add(1);
             for l in &c.latches {
                 st.latches.insert(l.row.device_id.clone(), l.row.clone());
             }
@@ -267,5 +270,9 @@ impl Store for MemoryStore {
 
     fn durable(&self) -> bool {
         false
+    }
+
+    fn change_token(&self) -> Result<u64, StoreError> {
+        Ok(lock(&self.state).version)
     }
 }

@@ -713,4 +713,12 @@ impl Store for SqliteStore {
     fn durable(&self) -> bool {
         true
     }
+
+    fn change_token(&self) -> Result<u64, StoreError> {
+        // data_version moves whenever another connection — this process's
+        // writer or another process — committed since the last call.
+        let conn = self.read();
+        let v: i64 = conn.query_row("PRAGMA data_version", [], |r| r.get(0))?;
+        Ok(v as u64)
+    }
 }

@@ -1,0 +1,136 @@
+//! The governed stop across processes: `tether estop` from a shell stops a
+//! motion running in a separate endpoint process on the same state directory.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const ARM: &str = "arm-1";
+
+fn long_move(sid: &str) -> Value {
+    json!({"session_id": sid, "device_id": ARM, "capability_id": "cap.motion.move_to.v1", "input": {"joints": [1.0, 0, 0, 0, 0, 0], "speed": 0.5}})
+}
+
+fn observed_delays(state_dir: &std::path::Path) -> Vec<u64> {
+    let export = tether(&[
+        "audit".as_ref(),
+        "export".as_ref(),
+        "--state-dir".as_ref(),
+        state_dir.as_os_str(),
+    ]);
+    export
+        .stdout_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "safety.estop.observed")
+        .filter_map(|e| e["body"]["observed_delay_ms"].as_u64())
+        .collect()
+}
+
+#[test]
+fn a_stop_from_another_process_aborts_a_running_motion_and_latches_every_device() {
+    let s = Server::http();
+    let sid = s.session();
+    let dir = s.state_dir().to_path_buf();
+    let (motion, elapsed) = std::thread::scope(|scope| {
+        let motion = scope.spawn(|| s.command(long_move(&sid)));
+        poll_until("the motion to be running", Duration::from_secs(5), || {
+            s.status_of(ARM)["running_operations"]
+                .as_array()
+                .is_some_and(|o| !o.is_empty())
+                || motion.is_finished()
+        });
+        assert!(!motion.is_finished(), "the motion ended before the stop");
+        let t0 = Instant::now();
+        let run = tether(&[
+            "estop".as_ref(),
+            "--state-dir".as_ref(),
+            dir.as_os_str(),
+            "--reason".as_ref(),
+            "e2e governed stop".as_ref(),
+        ]);
+        assert!(
+            run.stdout_text().contains("durable"),
+            "estop output: {}",
+            run.stdout_text()
+        );
+        let motion = motion.join().expect("motion thread");
+        (motion, t0.elapsed())
+    });
+    assert_eq!(motion["status"], "cancelled", "motion: {motion}");
+    // A sanity ceiling only (the motion alone runs ~2 s); figures are in docs/PERFORMANCE.md.
+    assert!(
+        elapsed < Duration::from_millis(1500),
+        "stop took {elapsed:?}"
+    );
+    for device in ["arm-1", "thermostat-1", "relay-1"] {
+        assert_eq!(
+            s.status_of(device)["latched"],
+            true,
+            "{device} must be latched"
+        );
+    }
+    let refused = s.command(long_move(&sid));
+    assert_eq!(
+        refused["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED",
+        "{refused}"
+    );
+    let delays = observed_delays(&dir);
+    assert!(
+        !delays.is_empty(),
+        "the observing endpoint records the delay"
+    );
+    println!("governed stop: `tether estop` to motion answer {elapsed:?}; trip-to-observed delays (ms) {delays:?}");
+}
+
+#[test]
+fn a_stop_of_one_device_leaves_the_others_running_and_a_reset_releases_it() {
+    let s = Server::http();
+    let dir = s.state_dir().to_path_buf();
+    let run = tether(&[
+        "estop".as_ref(),
+        "--device".as_ref(),
+        "relay-1".as_ref(),
+        "--state-dir".as_ref(),
+        dir.as_os_str(),
+    ]);
+    assert!(
+        run.stdout_text().contains("relay-1"),
+        "{}",
+        run.stdout_text()
+    );
+    poll_until("relay-1 to latch", Duration::from_secs(2), || {
+        s.status_of("relay-1")["latched"] == true
+    });
+    assert_eq!(s.status_of("arm-1")["latched"], false);
+    let url = format!("http://{}/rpc", s.addr());
+    let reset = tether(&["reset", "--device", "relay-1", "--endpoint", url.as_str()]);
+    assert!(
+        reset.stdout_text().contains("\"completed\""),
+        "{}",
+        reset.stdout_text()
+    );
+    assert_eq!(s.status_of("relay-1")["latched"], false);
+}
+
+#[test]
+fn a_stop_tripped_while_no_endpoint_runs_is_obeyed_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = tether(&[
+        "estop".as_ref(),
+        "--device".as_ref(),
+        "arm-1".as_ref(),
+        "--state-dir".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(
+        run.stdout_text().contains("durable"),
+        "{}",
+        run.stdout_text()
+    );
+    let s = Server::start(Transport::Http, Some(dir.path()));
+    assert_eq!(s.status_of("arm-1")["latched"], true);
+    assert_eq!(s.status_of("relay-1")["latched"], false);
+}

@@ -1,0 +1,287 @@
+//! The governed stop: every process that shares a store obeys one stop.
+//!
+//! A trip anywhere — `mhs.safety.estop` in any endpoint, or `tether estop`
+//! from a shell — is a latch row in the shared store. Each endpoint runs a
+//! watcher thread that polls the store's change token every
+//! [`STOP_POLL_MS`] and, when it moves, re-reads the latch rows. A row newer
+//! than what this process applied latches the device here too: running
+//! operations are cancelled and the native stop runs. A reset row newer than
+//! the local latch releases it. The row `*` stands for every device.
+//!
+//! If the store cannot be read, the watcher marks the stop unreadable: every
+//! in-flight call on a physical device is cancelled and new physical calls are
+//! refused until a read succeeds again.
+
+use crate::kernel::{Kernel, LatchInfo};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tether_core::receipt::now_ms;
+use tether_store::{Commit, EventDraft, LatchRow};
+
+/// Poll interval of the watcher, ms.
+pub const STOP_POLL_MS: u64 = 2;
+/// A watcher that has not read the store for this long counts as unable to.
+pub const STOP_STALE_MS: u64 = 250;
+/// The latch row that stands for every device.
+pub const ALL_DEVICES: &str = "*";
+
+/// The newest latch or reset event that applies to a device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatchEvent {
+    /// Latched (a trip) or not (a reset).
+    pub latched: bool,
+    /// When it happened, ms since the epoch.
+    pub at_ms: u64,
+    /// Why (for trips).
+    pub reason: String,
+}
+
+fn event_of(row: &LatchRow) -> LatchEvent {
+    let at = |k: &str| row.info.get(k).and_then(Value::as_u64).unwrap_or(0);
+    LatchEvent {
+        latched: row.latched,
+        at_ms: if row.latched {
+            at("since_ms")
+        } else {
+            at("reset_at_ms")
+        },
+        reason: row
+            .info
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("governed stop")
+            .to_owned(),
+    }
+}
+
+/// The newest event among the device's own row and the all-devices row.
+pub fn newest_event(rows: &[LatchRow], device_id: &str) -> Option<LatchEvent> {
+    rows.iter()
+        .filter(|r| r.device_id == device_id || r.device_id == ALL_DEVICES)
+        .map(event_of)
+        // On a tie a trip wins: when in doubt, stay stopped.
+        .max_by_key(|e| (e.at_ms, e.latched))
+}
+
+/// A latch row for a trip at `since_ms`.
+pub fn trip_row(device_id: &str, since_ms: u64, reason: &str, source: &str) -> LatchRow {
+    LatchRow {
+        device_id: device_id.to_owned(),
+        latched: true,
+        info: json!({"since_ms": since_ms, "reason": reason, "source": source}),
+    }
+}
+
+/// Health of the watcher, read on the path of every physical call.
+#[derive(Debug, Default)]
+pub struct WatchHealth {
+    running: AtomicBool,
+    unreadable: AtomicBool,
+    last_ok_ms: AtomicU64,
+}
+
+impl WatchHealth {
+    /// Whether a physical call may start: the stop was read recently. Without a
+    /// watcher (in-process use with a single kernel) the in-memory latch is
+    /// the whole truth.
+    pub fn readable(&self) -> bool {
+        if !self.running.load(Ordering::SeqCst) {
+            return true;
+        }
+        !self.unreadable.load(Ordering::SeqCst)
+            && now_ms().saturating_sub(self.last_ok_ms.load(Ordering::SeqCst)) <= STOP_STALE_MS
+    }
+}
+
+/// Stops the watcher thread when dropped.
+pub struct StopWatcher {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for StopWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Writes a governed stop into a store directly (what `tether estop` does);
+/// returns when it is durable.
+///
+/// # Errors
+/// The store's error: the stop is then not acknowledged.
+pub fn trip_in_store(
+    store: &dyn tether_store::Store,
+    device_id: Option<&str>,
+    reason: &str,
+    source: &str,
+) -> Result<u64, tether_store::StoreError> {
+    let since = now_ms();
+    let target = device_id.unwrap_or(ALL_DEVICES);
+    store.commit_blocking(Commit {
+        events: vec![EventDraft {
+            kind: "safety.estop".into(),
+            body: json!({"device_id": target, "reason": reason, "source": source, "pid": std::process::id()}),
+        }],
+        latches: vec![trip_row(target, since, reason, source)],
+        ..Commit::default()
+    })?;
+    Ok(since)
+}
+
+impl Kernel {
+    /// Starts the governed-stop watcher. Reactions (cancelling operations and
+    /// running native stops) are spawned on `runtime`.
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn start_stop_watcher(
+        &self,
+        runtime: tokio::runtime::Handle,
+    ) -> std::io::Result<StopWatcher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let kernel = self.clone();
+        kernel
+            .inner
+            .stop_watch
+            .last_ok_ms
+            .store(now_ms(), Ordering::SeqCst);
+        kernel
+            .inner
+            .stop_watch
+            .running
+            .store(true, Ordering::SeqCst);
+        let handle = std::thread::Builder::new()
+            .name("tether-stop-watch".into())
+            .spawn(move || kernel.watch_loop(&flag, &runtime))?;
+        Ok(StopWatcher {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    fn watch_loop(&self, stop: &AtomicBool, runtime: &tokio::runtime::Handle) {
+        let mut last_token: Option<u64> = None;
+        // Runs for the life of the endpoint; each round sleeps one poll interval.
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(STOP_POLL_MS));
+            let health = &self.inner.stop_watch;
+            let token = match self.inner.store.change_token() {
+                Ok(t) => t,
+                Err(e) => {
+                    self.stop_unreadable(&e.to_string());
+                    continue;
+                }
+            };
+            if last_token == Some(token) {
+                health.last_ok_ms.store(now_ms(), Ordering::SeqCst);
+                health.unreadable.store(false, Ordering::SeqCst);
+                continue;
+            }
+            match self.inner.store.latches() {
+                Ok(rows) => {
+                    last_token = Some(token);
+                    health.last_ok_ms.store(now_ms(), Ordering::SeqCst);
+                    health.unreadable.store(false, Ordering::SeqCst);
+                    self.apply_latch_rows(&rows, runtime);
+                }
+                Err(e) => self.stop_unreadable(&e.to_string()),
+            }
+        }
+        self.inner.stop_watch.running.store(false, Ordering::SeqCst);
+    }
+
+    /// The stop cannot be read: abort in-flight physical calls.
+    fn stop_unreadable(&self, why: &str) {
+        let was = self
+            .inner
+            .stop_watch
+            .unreadable
+            .swap(true, Ordering::SeqCst);
+        if was {
+            return;
+        }
+        tracing::error!(
+            error = why,
+            "the governed stop cannot be read; physical calls are aborted and refused"
+        );
+        for (d, dev) in self.inner.devices.iter().enumerate() {
+            if dev.spec.manifest.mode.is_physical() {
+                self.cancel_device_ops(d, "governed stop unreadable");
+            }
+        }
+    }
+
+    /// Applies store rows newer than what this process knows.
+    fn apply_latch_rows(&self, rows: &[LatchRow], runtime: &tokio::runtime::Handle) {
+        for (d, dev) in self.inner.devices.iter().enumerate() {
+            let Some(ev) = newest_event(rows, dev.id()) else {
+                continue;
+            };
+            let known = dev.latch_event_ms.load(Ordering::SeqCst);
+            if ev.at_ms <= known {
+                continue;
+            }
+            dev.latch_event_ms.store(ev.at_ms, Ordering::SeqCst);
+            let latched = dev.latched.load(Ordering::SeqCst);
+            if ev.latched && !latched {
+                let kernel = self.clone();
+                runtime.spawn(async move { kernel.trip_observed(d, ev).await });
+            } else if !ev.latched && latched {
+                self.release_observed(d, &ev);
+            }
+        }
+    }
+
+    /// A trip made elsewhere: latch here, cancel, run the native stop.
+    async fn trip_observed(&self, d: usize, ev: LatchEvent) {
+        let dev = &self.inner.devices[d];
+        let t0 = Instant::now();
+        if dev.latched.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(mut l) = dev.latch.lock() {
+            *l = LatchInfo {
+                since_ms: ev.at_ms,
+                reason: ev.reason.clone(),
+                durable: true,
+            };
+        }
+        let cancelled = self.cancel_device_ops(d, &ev.reason);
+        let native = self.run_native_stop(d, t0, &ev.reason, None).await;
+        let delay_ms = now_ms().saturating_sub(ev.at_ms);
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "safety.estop.observed".into(),
+                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "native": native.err()}),
+            }],
+            ..Commit::default()
+        });
+    }
+
+    /// A reset made elsewhere: release the local latch unless operations that
+    /// ignored cancellation are still running (then it stays until a local reset).
+    fn release_observed(&self, d: usize, ev: &LatchEvent) {
+        let dev = &self.inner.devices[d];
+        if !self.running_on(d).is_empty() {
+            return;
+        }
+        dev.latched.store(false, Ordering::SeqCst);
+        if let Ok(mut l) = dev.latch.lock() {
+            *l = LatchInfo::default();
+        }
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "safety.reset.observed".into(),
+                body: json!({"device_id": dev.id(), "reset_at_ms": ev.at_ms}),
+            }],
+            ..Commit::default()
+        });
+    }
+}
