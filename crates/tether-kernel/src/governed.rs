@@ -254,15 +254,24 @@ impl Kernel {
             };
         }
         let cancelled = self.cancel_device_ops(d, &ev.reason);
-        let native = self.run_native_stop(d, t0, &ev.reason, None).await;
+        dev.stop_confirmed.store(false, Ordering::SeqCst);
+        let path = self.run_stop_path(d, t0, &ev.reason, None).await;
+        dev.stop_confirmed.store(path.is_ok(), Ordering::SeqCst);
+        let failure = path
+            .as_ref()
+            .err()
+            .map(|f| json!({"reason": f.reason, "message": f.message}));
         let delay_ms = now_ms().saturating_sub(ev.at_ms);
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.observed".into(),
-                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "native": native.err()}),
+                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure}),
             }],
             ..Commit::default()
         });
+        if path.is_err() {
+            self.spawn_stop_retry(d, String::new());
+        }
     }
 
     /// A reset made elsewhere: release the local latch unless operations that

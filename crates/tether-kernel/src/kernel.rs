@@ -129,6 +129,11 @@ pub(crate) struct DeviceRt {
     /// Time of the newest latch or reset this process has applied (its own or
     /// one observed in the shared store); older store rows are ignored.
     pub latch_event_ms: AtomicU64,
+    /// Native stops still running (a hung one keeps this above zero and
+    /// blocks reset: `stop_path_pending`).
+    pub stops_in_flight: std::sync::atomic::AtomicUsize,
+    /// Whether the current latch's stop path has succeeded.
+    pub stop_confirmed: AtomicBool,
     pub revisions: HashMap<String, AtomicU64>,
     pub lock: tokio::sync::Mutex<()>,
 }
@@ -311,6 +316,8 @@ impl Kernel {
                 latched: AtomicBool::new(latched_at_start),
                 latch: Mutex::new(latch),
                 latch_event_ms: AtomicU64::new(event_ms),
+                stops_in_flight: std::sync::atomic::AtomicUsize::new(0),
+                stop_confirmed: AtomicBool::new(false),
                 revisions: revs,
                 lock: tokio::sync::Mutex::new(()),
             });

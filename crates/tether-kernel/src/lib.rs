@@ -30,6 +30,7 @@ pub mod loader;
 pub mod reference;
 mod safety;
 mod session;
+mod stop_path;
 
 pub use authorized::{Authorized, CallKind};
 pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Signal};

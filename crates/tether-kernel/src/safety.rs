@@ -7,16 +7,13 @@
 //! native stop runs in a bounded worker; then the latch is made durable. The
 //! answer comes within the device's stop budget.
 
-use crate::authorized::{Authorized, CallKind};
 use crate::command::Ctx;
 use crate::kernel::{Kernel, LatchInfo, Principal};
 use crate::{ApiError, EstopRequest, ResetRequest};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tether_core::catalogue;
 use tether_core::ids::{self, CommandId};
-use tether_core::manifest::Mode;
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal, Status};
 use tether_store::{Commit, EventDraft, LatchRow};
@@ -184,7 +181,8 @@ impl Kernel {
                 l.durable = true;
             }
         }
-        let native_result = self.run_native_stop(d, t0, reason, command_id).await;
+        dev.stop_confirmed.store(false, Ordering::SeqCst);
+        let path = self.run_stop_path(d, t0, reason, command_id).await;
         let ctx = Ctx {
             device: d,
             binding: usize::MAX,
@@ -200,20 +198,20 @@ impl Kernel {
             deadline: t0 + budget,
             expected_revision: None,
         };
-        let software_only =
-            dev.spec.manifest.mode == Mode::Simulated || dev.spec.manifest.mode == Mode::Replay;
-        let (status, error) = match (&native_result, &durable) {
-            (Ok(()), Ok(_)) => (Status::Completed, None),
-            (Err(why), _) => (
+        let (status, output, error) = match (&path, &durable) {
+            (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
+            (Err(f), _) => (
                 Status::Failed,
+                json!({"latched": true}),
                 Some(Refusal::new(
                     Code::SafetySafeStateUnreached,
-                    why.clone(),
-                    json!({"reason": if why.contains("budget") { "timeout" } else { "native_failed" }, "latched": true}),
+                    f.message.clone(),
+                    json!({"reason": f.reason, "latched": true, "retrying": true}),
                 )),
             ),
-            (Ok(()), Err(e)) => (
+            (Ok(done), Err(e)) => (
                 Status::Completed,
+                done.output(),
                 Some(Refusal::new(
                     Code::EvidenceUnavailable,
                     "the latch is held in memory and not yet durable",
@@ -222,7 +220,8 @@ impl Kernel {
             ),
         };
         let completed = status == Status::Completed;
-        let mut receipt = self.receipt(&ctx, INTERNAL_ESTOP, None, status, Some(json!({"latched": true, "estop": if software_only { "software_only" } else { "native" }})), error);
+        dev.stop_confirmed.store(path.is_ok(), Ordering::SeqCst);
+        let mut receipt = self.receipt(&ctx, INTERNAL_ESTOP, None, status, Some(output), error);
         receipt.extra.insert(
             "latency_ms".into(),
             json!(t0.elapsed().as_secs_f64() * 1000.0),
@@ -233,7 +232,7 @@ impl Kernel {
         );
         receipt
             .extra
-            .insert("safe_state_achieved".into(), json!(native_result.is_ok()));
+            .insert("safe_state_achieved".into(), json!(path.is_ok()));
         receipt
             .extra
             .insert("cancelled_operations".into(), json!(cancelled));
@@ -249,46 +248,16 @@ impl Kernel {
             }],
             ..Commit::default()
         });
+        if path.is_err() {
+            self.spawn_stop_retry(
+                d,
+                wire["receipt_id"].as_str().unwrap_or_default().to_owned(),
+            );
+        }
         DeviceStop {
             device: d,
             receipt: wire,
             completed,
-        }
-    }
-
-    /// The device's native stop in a bounded worker: it may hang, the caller
-    /// never waits past the device's stop budget (measured from `t0`).
-    pub(crate) async fn run_native_stop(
-        &self,
-        d: usize,
-        t0: Instant,
-        reason: &str,
-        command_id: Option<&str>,
-    ) -> Result<(), String> {
-        let dev = &self.inner.devices[d];
-        let budget = Duration::from_millis(dev.estop_budget_ms());
-        let auth = Authorized::mint(
-            dev.id(),
-            catalogue::ESTOP,
-            "",
-            "estop",
-            json!({"reason": reason}),
-            command_id.unwrap_or(""),
-            CallKind::Stop,
-            Some(t0 + budget),
-        );
-        let driver = dev.driver.clone();
-        let stop_budget = budget.saturating_sub(t0.elapsed());
-        let native = tokio::time::timeout(
-            stop_budget,
-            tokio::task::spawn_blocking(move || driver.estop(&auth)),
-        )
-        .await;
-        match native {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(s))) => Err(format!("native stop failed: {s:?}")),
-            Ok(Err(_)) => Err("native stop worker ended abnormally".into()),
-            Err(_) => Err("native stop did not answer within the stop budget".into()),
         }
     }
 
@@ -389,6 +358,13 @@ impl Kernel {
                 json!({"reason": "interlock_open", "interlocks": open, "latched": true}),
             ));
         }
+        if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
+            return Some(Refusal::new(
+                Code::SafetyResetRefused,
+                "a stop attempt of the device is still running",
+                json!({"reason": "stop_path_pending", "latched": true}),
+            ));
+        }
         let running: Vec<String> = self.running_on(d).into_iter().map(|(op, _)| op).collect();
         if !running.is_empty() {
             return Some(Refusal::new(
@@ -427,7 +403,7 @@ impl Kernel {
                     "mode": dev.spec.manifest.mode.as_str(),
                     "latched": latched,
                     "latch": if latched { json!({"since_ms": info.since_ms, "reason": info.reason, "durable": info.durable}) } else { Value::Null },
-                    "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched},
+                    "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched, "confirmed": latched && dev.stop_confirmed.load(Ordering::SeqCst)},
                     "interlocks": interlocks,
                     "running_operations": self.running_on(d).into_iter().map(|(op, cap)| json!({"operation_id": op, "capability_id": cap})).collect::<Vec<_>>(),
                 })

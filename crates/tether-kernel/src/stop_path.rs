@@ -1,0 +1,270 @@
+//! The stop path of one device: the native stop, then every
+//! `safe_state.achieved_by` action, each in a bounded worker, and the
+//! background retry of a stop path that failed.
+//!
+//! The latch is already set and persisted when this runs; nothing here can
+//! release it. A failed stop path keeps the latch and is retried every
+//! 0.25 s doubling to 5 s, until it succeeds or the device is reset.
+
+use crate::authorized::{Authorized, CallKind};
+use crate::driver::CancelToken;
+use crate::kernel::Kernel;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tether_core::catalogue;
+use tether_core::ids;
+use tether_core::manifest::Mode;
+use tether_core::receipt::now_ms;
+use tether_store::{Commit, EventDraft};
+
+/// First retry delay of a failed stop path.
+const RETRY_DELAY_FIRST: Duration = Duration::from_millis(250);
+/// Longest retry delay.
+const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
+/// Retries before giving up on one latch (about 14 hours at the longest delay);
+/// the latch itself stays engaged regardless.
+const RETRY_COUNT_MAX: u32 = 10_000;
+
+/// What a successful stop path did.
+#[derive(Debug)]
+pub(crate) struct StopDone {
+    native: bool,
+    actions: Vec<String>,
+    software_only: bool,
+}
+
+impl StopDone {
+    /// Receipt output.
+    pub(crate) fn output(&self) -> Value {
+        let estop = if self.software_only {
+            "software_only"
+        } else if self.native {
+            "native"
+        } else {
+            "safe_state_actions"
+        };
+        json!({"latched": true, "estop": estop, "safe_state_actions": self.actions})
+    }
+}
+
+/// Why a stop path failed.
+#[derive(Debug)]
+pub(crate) struct StopFailure {
+    /// `timeout`, `native_failed`, `action_failed`, `safe_state_unbound`, `no_stop_path`.
+    pub reason: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+impl Kernel {
+    /// Runs the device's stop path within its budget (measured from `t0`).
+    pub(crate) async fn run_stop_path(
+        &self,
+        d: usize,
+        t0: Instant,
+        reason: &str,
+        command_id: Option<&str>,
+    ) -> Result<StopDone, StopFailure> {
+        let dev = &self.inner.devices[d];
+        let m = &dev.spec.manifest;
+        let budget = Duration::from_millis(dev.estop_budget_ms());
+        let native = m.safety.estop.native.unwrap_or(true);
+        let actions: Vec<String> = m
+            .safety
+            .safe_state
+            .as_ref()
+            .map(|s| s.achieved_by.clone())
+            .unwrap_or_default();
+        if !native && actions.is_empty() {
+            if m.mode.is_physical() {
+                return Err(StopFailure {
+                    reason: "no_stop_path",
+                    message: "the device declares no native stop and no safe-state action".into(),
+                });
+            }
+            return Ok(StopDone {
+                native: false,
+                actions,
+                software_only: true,
+            });
+        }
+        if native {
+            // With actions to follow, the native stop gets half the budget so
+            // the actions start no later than that even if it hangs.
+            let share = if actions.is_empty() {
+                budget
+            } else {
+                budget / 2
+            };
+            let limit = share.saturating_sub(t0.elapsed());
+            if let Err(e) = self.run_native_stop(d, limit, reason, command_id).await {
+                if actions.is_empty() {
+                    return Err(e);
+                }
+                // Run the actions anyway, then report the native failure.
+                self.run_safe_state_actions(d, t0 + budget, &actions)
+                    .await?;
+                return Err(e);
+            }
+        }
+        self.run_safe_state_actions(d, t0 + budget, &actions)
+            .await?;
+        let software_only = matches!(m.mode, Mode::Simulated | Mode::Replay) && !native;
+        Ok(StopDone {
+            native,
+            actions,
+            software_only,
+        })
+    }
+
+    /// The native stop in a blocking worker bounded by `limit`. A worker that
+    /// never returns is counted in `stops_in_flight`, which blocks a reset.
+    pub(crate) async fn run_native_stop(
+        &self,
+        d: usize,
+        limit: Duration,
+        reason: &str,
+        command_id: Option<&str>,
+    ) -> Result<(), StopFailure> {
+        let dev = &self.inner.devices[d];
+        let auth = Authorized::mint(
+            dev.id(),
+            catalogue::ESTOP,
+            "",
+            "estop",
+            json!({"reason": reason}),
+            command_id.unwrap_or(""),
+            CallKind::Stop,
+            Some(Instant::now() + limit),
+        );
+        let driver = dev.driver.clone();
+        dev.stops_in_flight.fetch_add(1, Ordering::SeqCst);
+        let kernel = self.clone();
+        let worker = tokio::task::spawn_blocking(move || {
+            let r = driver.estop(&auth);
+            kernel.inner.devices[d]
+                .stops_in_flight
+                .fetch_sub(1, Ordering::SeqCst);
+            r
+        });
+        match tokio::time::timeout(limit, worker).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(s))) => Err(StopFailure {
+                reason: "native_failed",
+                message: format!("native stop failed: {s:?}"),
+            }),
+            Ok(Err(_)) => Err(StopFailure {
+                reason: "native_failed",
+                message: "native stop worker ended abnormally".into(),
+            }),
+            Err(_) => Err(StopFailure {
+                reason: "timeout",
+                message: format!("native stop did not answer within {} ms", limit.as_millis()),
+            }),
+        }
+    }
+
+    /// Every achieved_by action, each on every resource it is bound to, with
+    /// an empty input; stop-path calls are never cancelled.
+    async fn run_safe_state_actions(
+        &self,
+        d: usize,
+        deadline: Instant,
+        actions: &[String],
+    ) -> Result<(), StopFailure> {
+        let dev = &self.inner.devices[d];
+        for cap in actions {
+            let bindings: Vec<_> = dev
+                .spec
+                .bindings
+                .iter()
+                .filter(|b| &b.capability_id == cap)
+                .collect();
+            if bindings.is_empty() {
+                return Err(StopFailure {
+                    reason: "safe_state_unbound",
+                    message: format!("safe-state action `{cap}` has no binding left"),
+                });
+            }
+            for b in bindings {
+                let auth = Authorized::mint(
+                    dev.id(),
+                    &b.capability_id,
+                    &b.resource,
+                    &b.target,
+                    json!({}),
+                    &ids::mint("stop_"),
+                    CallKind::Stop,
+                    Some(deadline),
+                );
+                let limit = deadline.saturating_duration_since(Instant::now());
+                let driver = dev.driver.clone();
+                let call = async move { driver.call(auth, CancelToken::new()).await };
+                match tokio::time::timeout(limit, tokio::spawn(call)).await {
+                    Ok(Ok(Ok(_))) => {}
+                    Ok(Ok(Err(s))) => {
+                        return Err(StopFailure {
+                            reason: "action_failed",
+                            message: format!("safe-state action `{cap}` failed: {s:?}"),
+                        })
+                    }
+                    Ok(Err(_)) => {
+                        return Err(StopFailure {
+                            reason: "action_failed",
+                            message: format!("safe-state action `{cap}` ended abnormally"),
+                        })
+                    }
+                    Err(_) => {
+                        return Err(StopFailure {
+                            reason: "timeout",
+                            message: format!(
+                                "safe-state action `{cap}` did not finish within the stop budget"
+                            ),
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries a failed stop path in the background until it succeeds or the
+    /// device's latch is released (or replaced by a newer one).
+    pub(crate) fn spawn_stop_retry(&self, d: usize, failed_receipt_id: String) {
+        let kernel = self.clone();
+        let generation = self.inner.devices[d].latch_event_ms.load(Ordering::SeqCst);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let mut delay = RETRY_DELAY_FIRST;
+            for attempt in 1..=RETRY_COUNT_MAX {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RETRY_DELAY_MAX);
+                let dev = &kernel.inner.devices[d];
+                if !dev.latched.load(Ordering::SeqCst) || dev.latch_event_ms.load(Ordering::SeqCst) != generation {
+                    return;
+                }
+                let t0 = Instant::now();
+                if kernel.run_stop_path(d, t0, "background retry of a failed stop", None).await.is_ok() {
+                    dev.stop_confirmed.store(true, Ordering::SeqCst);
+                    let receipt = json!({
+                        "receipt_id": ids::mint("rcpt_"),
+                        "capability_id": crate::safety::INTERNAL_ESTOP,
+                        "device_id": dev.id(),
+                        "status": "completed",
+                        "output": {"latched": true, "confirms": failed_receipt_id, "attempt": attempt},
+                        "completed_at_ms": now_ms(),
+                        "safe_state_achieved": true,
+                    });
+                    kernel.record(Commit {
+                        events: vec![EventDraft { kind: "safety.estop.confirmed".into(), body: json!({"receipt": receipt}) }],
+                        ..Commit::default()
+                    });
+                    return;
+                }
+            }
+        });
+    }
+}
