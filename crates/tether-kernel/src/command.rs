@@ -813,6 +813,21 @@ impl Kernel {
     async fn dispatch(&self, ctx: Ctx, admitted: Admitted) -> Result<Value, ApiError> {
         let dev = &self.inner.devices[ctx.device];
         let (b, _) = dev.binding(ctx.binding);
+        if Kernel::is_effectful(b) {
+            if let Some(open) = self.unreconciled(ctx.device, &b.resource) {
+                return Ok(self
+                    .refuse_admitted(
+                        &ctx,
+                        &admitted.reservations,
+                        Refusal::new(
+                            Code::EvidenceUnavailable,
+                            "the resource is held: a physical call's finish could not be recorded yet",
+                            json!({"reason": "physical_evidence_unreconciled", "open_receipts": open}),
+                        ),
+                    )
+                    .await);
+            }
+        }
         let guard = match Kernel::concurrency(b) {
             Concurrency::Shared => None,
             Concurrency::Exclusive => match dev.lock.try_lock() {
@@ -895,12 +910,24 @@ impl Kernel {
             let must_be_durable =
                 dev.spec.manifest.mode.is_physical() || !admitted.reservations.is_empty();
             let durable = if must_be_durable {
+                // A physical call's start is also an open operation: if the
+                // process dies before its finish is recorded, start-up finds it
+                // and records a crashed finish.
+                let open_ops = if dev.spec.manifest.mode.is_physical() {
+                    vec![tether_store::OpenOp {
+                        command_id: ctx.command_id.clone(),
+                        info: json!({"device_id": dev.id(), "resource": b.resource, "capability_id": b.capability_id, "operation_id": op_id, "input_digest": ctx.digest, "key": ctx.key, "started_at_ms": now_ms()}),
+                    }]
+                } else {
+                    Vec::new()
+                };
                 let decision = Commit {
                     events: vec![EventDraft {
                         kind: "command.admitted".into(),
                         body: self.admitted_body(&ctx, b, &op_id),
                     }],
                     budget_draws: admitted.reservations.clone(),
+                    open_ops,
                     ..Commit::default()
                 };
                 self.commit(decision).await.map(|_| ())
@@ -1181,6 +1208,7 @@ impl Kernel {
             return Ok(self.reject_binding(&ctx, refusal).await);
         }
         let advances = !b.is_read();
+        let physical = dev.spec.manifest.mode.is_physical() && !b.is_read();
         let mut output = output;
         if is_configure && status == Status::Completed {
             output = Some(json!({"applied": ctx.input, "revision": after}));
@@ -1226,6 +1254,11 @@ impl Kernel {
             } else {
                 Vec::new()
             },
+            closed_ops: if physical {
+                vec![ctx.command_id.clone()]
+            } else {
+                Vec::new()
+            },
             ..Commit::default()
         };
         let durable = self.commit(commit).await;
@@ -1238,6 +1271,23 @@ impl Kernel {
                 tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
                 let mut w = wire;
                 w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
+                if physical {
+                    let held = self
+                        .record_crashed_finish(
+                            ctx.device,
+                            &b.resource,
+                            &ctx.command_id,
+                            op_id,
+                            &ctx.key,
+                            "receipt_not_durable",
+                        )
+                        .await;
+                    w["x-tether"]["finish"] = json!(if held {
+                        "held_unreconciled"
+                    } else {
+                        "crashed_finish_recorded"
+                    });
+                }
                 Ok(w)
             }
         }

@@ -134,6 +134,9 @@ pub(crate) struct DeviceRt {
     pub stops_in_flight: std::sync::atomic::AtomicUsize,
     /// Whether the current latch's stop path has succeeded.
     pub stop_confirmed: AtomicBool,
+    /// Resources held because a physical call's finish could not be recorded:
+    /// resource -> command ids awaiting reconciliation.
+    pub unreconciled: Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
     pub revisions: HashMap<String, AtomicU64>,
     pub lock: tokio::sync::Mutex<()>,
 }
@@ -275,6 +278,8 @@ impl Kernel {
         mut drivers: HashMap<String, Arc<dyn Driver>>,
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
+        // Orphans first: their receipts must be in the idempotency index.
+        crate::evidence::reconcile_orphans(store.as_ref()).map_err(StartError::Store)?;
         let latches = store.latches().map_err(StartError::Store)?;
         let revisions = store.revisions().map_err(StartError::Store)?;
         let mut devices = Vec::new();
@@ -318,6 +323,7 @@ impl Kernel {
                 latch_event_ms: AtomicU64::new(event_ms),
                 stops_in_flight: std::sync::atomic::AtomicUsize::new(0),
                 stop_confirmed: AtomicBool::new(false),
+                unreconciled: Mutex::new(std::collections::BTreeMap::new()),
                 revisions: revs,
                 lock: tokio::sync::Mutex::new(()),
             });

@@ -23,6 +23,7 @@ mod authorized;
 mod command;
 mod describe;
 pub mod driver;
+mod evidence;
 pub mod governed;
 mod idempotency;
 mod kernel;

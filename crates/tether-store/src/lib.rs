@@ -35,6 +35,7 @@
 
 pub mod canonical;
 pub mod chain;
+pub mod faulty;
 mod memory;
 mod prepare;
 mod sqlite;
@@ -124,6 +125,20 @@ pub struct Commit {
     /// commit may draw and release the same reservation). Releasing an unknown
     /// or already-released reservation is a no-op, so a release can be retried.
     pub budget_releases: Vec<String>,
+    /// Physical operations started (their "started" record); insert or overwrite.
+    pub open_ops: Vec<OpenOp>,
+    /// Command ids whose open operation finished (deleted; unknown ids are a no-op).
+    pub closed_ops: Vec<String>,
+}
+
+/// A physical operation whose start is durable and whose finish is not yet:
+/// after a crash, start-up finds these and records crashed finishes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenOp {
+    /// The command's id.
+    pub command_id: String,
+    /// What the kernel needs to reconcile it (device, resource, capability, ...).
+    pub info: Value,
 }
 
 /// Acknowledgement of a durable commit.
@@ -234,6 +249,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// All latches, ordered by `device_id`.
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError>;
+
+    /// Operations started and not finished (see [`OpenOp`]).
+    fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError>;
 
     /// Budget rows with `ts_ms >= ts_ms`, oldest first.
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError>;

@@ -25,6 +25,7 @@ struct State {
     budget_index: HashMap<String, usize>,
     /// Bumped by every applied commit (the change token).
     version: u64,
+    open_ops: BTreeMap<String, crate::OpenOp>,
 }
 
 impl State {
@@ -158,6 +159,12 @@ impl Backend for MemoryBackend {
                 st.budget_index.insert(b.reservation_id.clone(), at);
                 st.budget.push(b.clone());
             }
+            for (op, _) in &c.open_ops {
+                st.open_ops.insert(op.command_id.clone(), op.clone());
+            }
+            for id in &c.closed_ops {
+                st.open_ops.remove(id);
+            }
             for id in &c.budget_releases {
                 if let Some(&at) = st.budget_index.get(id) {
                     if let Some(row) = st.budget.get_mut(at) {
@@ -216,6 +223,10 @@ impl Store for MemoryStore {
                 revision,
             })
             .collect())
+    }
+
+    fn open_ops(&self) -> Result<Vec<crate::OpenOp>, StoreError> {
+        Ok(lock(&self.state).open_ops.values().cloned().collect())
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {

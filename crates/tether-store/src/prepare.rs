@@ -44,6 +44,8 @@ pub(crate) struct Prepared {
     pub latches: Vec<PreparedLatch>,
     pub budget_draws: Vec<BudgetRow>,
     pub budget_releases: Vec<String>,
+    pub open_ops: Vec<(crate::OpenOp, String)>,
+    pub closed_ops: Vec<String>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -85,6 +87,8 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         ("latches", c.latches.len()),
         ("budget_draws", c.budget_draws.len()),
         ("budget_releases", c.budget_releases.len()),
+        ("open_ops", c.open_ops.len()),
+        ("closed_ops", c.closed_ops.len()),
     ];
     for (what, n) in counts {
         if n > MAX_ITEMS_PER_COMMIT {
@@ -164,6 +168,11 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         let info_json = bounded_json(&row.info, "latch info")?;
         latches.push(PreparedLatch { row, info_json });
     }
+    let mut open_ops = Vec::with_capacity(c.open_ops.len());
+    for op in c.open_ops {
+        let info_json = bounded_json(&op.info, "open operation info")?;
+        open_ops.push((op, info_json));
+    }
     Ok(Prepared {
         events,
         receipts,
@@ -171,5 +180,7 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         latches,
         budget_draws: c.budget_draws,
         budget_releases: c.budget_releases,
+        open_ops,
+        closed_ops: c.closed_ops,
     })
 }

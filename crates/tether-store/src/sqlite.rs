@@ -67,6 +67,10 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         released INTEGER NOT NULL
     );
     CREATE INDEX budget_ts ON budget(ts_ms);
+    CREATE TABLE open_ops(
+        command_id TEXT PRIMARY KEY,
+        info TEXT NOT NULL
+    ) WITHOUT ROWID;
     CREATE TABLE meta(
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL
@@ -509,6 +513,23 @@ impl SqliteBackend {
                 release.execute([id])?;
             }
         }
+        if !c.open_ops.is_empty() {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO open_ops(command_id, info) VALUES (?1, ?2)
+                 ON CONFLICT(command_id) DO UPDATE SET info = excluded.info",
+            )?;
+            for (op, info) in &c.open_ops {
+                upsert.execute(params![&op.command_id, info])?;
+            }
+        }
+        if !c.closed_ops.is_empty() {
+            let mut delete = self
+                .conn
+                .prepare_cached("DELETE FROM open_ops WHERE command_id = ?1")?;
+            for id in &c.closed_ops {
+                delete.execute([id])?;
+            }
+        }
         Ok(Ok(CommitAck {
             first_seq,
             last_seq: self.head.seq,
@@ -589,6 +610,21 @@ impl Store for SqliteStore {
                 resource,
                 revision: u64_col(revision, "revision")?,
             });
+        }
+        Ok(out)
+    }
+
+    fn open_ops(&self) -> Result<Vec<crate::OpenOp>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT command_id, info FROM open_ops ORDER BY command_id")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (command_id, info) = row?;
+            let info: Value = serde_json::from_str(&info)
+                .map_err(|e| corrupt_json("open operation", &command_id, e))?;
+            out.push(crate::OpenOp { command_id, info });
         }
         Ok(out)
     }

@@ -55,6 +55,11 @@ fn full_commit(id: &str) -> Commit {
         }],
         budget_draws: vec![budget(&format!("r-{id}"), 1_000)],
         budget_releases: vec![],
+        open_ops: vec![tether_store::OpenOp {
+            command_id: format!("{id}-open"),
+            info: json!({"device_id": "dev1"}),
+        }],
+        closed_ops: vec![],
     }
 }
 
@@ -81,6 +86,16 @@ fn commit_and_read_back() {
         assert_eq!(s.receipt("nope").expect("read"), None);
         assert_eq!(s.revisions().expect("revs")[0].revision, 7);
         assert!(s.latches().expect("latches")[0].latched);
+        let open = s.open_ops().expect("open ops");
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].command_id, "c1-open");
+        // Closing an open operation removes it; closing an unknown one is a no-op.
+        s.commit_blocking(Commit {
+            closed_ops: vec!["c1-open".into(), "never-opened".into()],
+            ..Commit::default()
+        })
+        .expect("close");
+        assert!(s.open_ops().expect("open ops").is_empty());
         assert_eq!(
             s.budget_rows_since(0).expect("budget"),
             vec![budget("r-c1", 1_000)]

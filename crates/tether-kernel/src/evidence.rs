@@ -1,0 +1,177 @@
+//! Fail-closed evidence for physical calls.
+//!
+//! A physical call's start is durable before dispatch (or the call is refused)
+//! and is an open operation in the store until its receipt lands. If the
+//! receipt cannot be recorded, a smaller "crashed finish" is tried; if even
+//! that fails, the resource is held — effectful commands on it are refused
+//! with `physical_evidence_unreconciled` — while a background task keeps
+//! trying. On start-up, open operations left by a crash get crashed finishes.
+//! Stops are exempt from all of this: they always run.
+
+use crate::kernel::Kernel;
+use serde_json::json;
+use std::time::Duration;
+use tether_core::ids;
+use tether_core::receipt::now_ms;
+use tether_store::{Commit, EventDraft, ReceiptRow, StoreError};
+
+/// Delay between attempts to reconcile a held resource.
+const RECONCILE_DELAY: Duration = Duration::from_millis(500);
+/// Attempts before the reconciler gives up (the resource stays held).
+const RECONCILE_ATTEMPTS_MAX: u32 = 100_000;
+
+impl Kernel {
+    /// The open receipts holding a resource, if any.
+    pub(crate) fn unreconciled(&self, d: usize, resource: &str) -> Option<Vec<String>> {
+        let held = self.inner.devices[d].unreconciled.lock().ok()?;
+        held.get(resource)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.iter().cloned().collect())
+    }
+
+    /// A crashed finish: an `unknown` receipt under the command's idempotency
+    /// key (so a replay answers it instead of running the call again), an
+    /// evidence entry, and the open operation closed.
+    fn crashed_finish_commit(
+        &self,
+        d: usize,
+        resource: &str,
+        command_id: &str,
+        operation_id: &str,
+        key: &str,
+        reason: &str,
+    ) -> Commit {
+        let dev = &self.inner.devices[d];
+        let receipt = unknown_receipt(command_id, &json!(dev.id()), &json!(resource), reason);
+        Commit {
+            events: vec![EventDraft {
+                kind: "command.finish_crashed".into(),
+                body: json!({"command_id": command_id, "operation_id": operation_id, "device_id": dev.id(), "resource": resource, "reason": reason, "receipt": receipt}),
+            }],
+            receipts: vec![ReceiptRow {
+                command_id: command_id.to_owned(),
+                input_digest: key.to_owned(),
+                receipt,
+            }],
+            closed_ops: vec![command_id.to_owned()],
+            ..Commit::default()
+        }
+    }
+
+    /// Records a crashed finish; when that fails too, holds the resource and
+    /// starts a reconciler. Returns whether the resource is now held.
+    pub(crate) async fn record_crashed_finish(
+        &self,
+        d: usize,
+        resource: &str,
+        command_id: &str,
+        operation_id: &str,
+        key: &str,
+        reason: &str,
+    ) -> bool {
+        let commit = self.crashed_finish_commit(d, resource, command_id, operation_id, key, reason);
+        if self.commit(commit).await.is_ok() {
+            return false;
+        }
+        if let Ok(mut held) = self.inner.devices[d].unreconciled.lock() {
+            held.entry(resource.to_owned())
+                .or_default()
+                .insert(command_id.to_owned());
+        }
+        tracing::error!(
+            command_id,
+            resource,
+            "physical evidence unreconciled: the resource is held"
+        );
+        let kernel = self.clone();
+        let (resource, command_id, operation_id, key, reason) = (
+            resource.to_owned(),
+            command_id.to_owned(),
+            operation_id.to_owned(),
+            key.to_owned(),
+            reason.to_owned(),
+        );
+        tokio::spawn(async move {
+            for _ in 0..RECONCILE_ATTEMPTS_MAX {
+                tokio::time::sleep(RECONCILE_DELAY).await;
+                let commit = kernel.crashed_finish_commit(
+                    d,
+                    &resource,
+                    &command_id,
+                    &operation_id,
+                    &key,
+                    &reason,
+                );
+                if kernel.commit(commit).await.is_ok() {
+                    if let Ok(mut held) = kernel.inner.devices[d].unreconciled.lock() {
+                        if let Some(set) = held.get_mut(&resource) {
+                            set.remove(&command_id);
+                        }
+                    }
+                    return;
+                }
+            }
+        });
+        true
+    }
+}
+
+/// Start-up, before the idempotency index is loaded: every open operation
+/// left by a crash gets a crashed finish and an `unknown` receipt under its
+/// idempotency key (so a replay of its command id says so, and never runs it
+/// again).
+pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize, StoreError> {
+    let orphans = store.open_ops()?;
+    let count = orphans.len();
+    for op in orphans {
+        let null = serde_json::Value::Null;
+        let receipt = unknown_receipt(
+            &op.command_id,
+            op.info.get("device_id").unwrap_or(&null),
+            op.info.get("resource").unwrap_or(&null),
+            "endpoint_crashed",
+        );
+        let key = op
+            .info
+            .get("key")
+            .and_then(|v| v.as_str())
+            .unwrap_or("crashed")
+            .to_owned();
+        // A receipt that did land is the outcome; only the open record is stale.
+        let receipts = if store.receipt(&op.command_id)?.is_some() {
+            Vec::new()
+        } else {
+            vec![ReceiptRow {
+                command_id: op.command_id.clone(),
+                input_digest: key,
+                receipt: receipt.clone(),
+            }]
+        };
+        store.commit_blocking(Commit {
+            events: vec![EventDraft { kind: "command.finish_crashed".into(), body: json!({"command_id": op.command_id, "reason": "endpoint_crashed", "open_operation": op.info, "receipt": receipt}) }],
+            receipts,
+            closed_ops: vec![op.command_id],
+            ..Commit::default()
+        })?;
+    }
+    Ok(count)
+}
+
+fn unknown_receipt(
+    command_id: &str,
+    device_id: &serde_json::Value,
+    resource: &serde_json::Value,
+    reason: &str,
+) -> serde_json::Value {
+    json!({
+        "receipt_id": ids::mint("rcpt_"),
+        "command_id": command_id,
+        "device_id": device_id,
+        "resource": resource,
+        "status": "unknown",
+        "output": null,
+        "error": {"mhs_code": "MHS.OUTCOME.UNKNOWN", "message": "the finish of this physical call could not be recorded; read the device before acting again", "details": {"reason": reason}, "retryable": false},
+        "completed_at_ms": now_ms(),
+        "replayed": false,
+    })
+}

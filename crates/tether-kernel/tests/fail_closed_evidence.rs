@@ -1,0 +1,250 @@
+//! Fail-closed evidence for physical calls, with a store that fails on demand.
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tether_kernel::loader::{load, ManifestSource};
+use tether_kernel::{
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, KernelConfig,
+    Principal, SessionOpen, Signal,
+};
+use tether_store::faulty::FaultyStore;
+use tether_store::{Commit, EventDraft, MemoryStore, OpenOp, SqliteStore, Store};
+
+const MANIFEST: &str = r#"
+device_id = "cnc-1"
+mode = "hardware"
+risk_class = "R2"
+driver = "test"
+
+[[resources]]
+id = "spindle"
+state_schema = { type = "object", properties = { rpm = { type = "number", readOnly = true, "x-mhs-unit" = "rpm" } } }
+
+[[bindings]]
+capability_id = "x-cap.test.spin.v1"
+resource = "spindle"
+target = "spin"
+input_schema = { type = "object", additionalProperties = false, required = ["rpm"], properties = { rpm = { type = "number", "x-mhs-unit" = "rpm" } } }
+output_schema = { type = "object" }
+limits.rpm = { min = 0, max = 3000, unit = "rpm", source = "operator" }
+
+[safety]
+estop = { latency_ms = 300, native = true }
+"#;
+
+/// A driver that can break the store from inside a call (between the durable
+/// start and the finish).
+struct Cnc {
+    calls: AtomicUsize,
+    estops: AtomicUsize,
+    break_store_during_call: AtomicBool,
+    store: Arc<FaultyStore>,
+}
+
+impl Driver for Cnc {
+    fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
+        Ok(json!({"rpm": 0}))
+    }
+    fn call(&self, call: Authorized, _cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.break_store_during_call.load(Ordering::SeqCst) {
+                self.store.fail_writes.store(true, Ordering::SeqCst);
+            }
+            Ok(json!({"rpm": call.input()["rpm"]}))
+        })
+    }
+    fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
+        self.estops.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+struct Rig {
+    k: Kernel,
+    cnc: Arc<Cnc>,
+    store: Arc<FaultyStore>,
+    p: Principal,
+    sid: String,
+}
+
+async fn rig_on(inner: Arc<dyn Store>) -> Rig {
+    let cell = load(
+        &[ManifestSource {
+            origin: "cnc-1.toml".into(),
+            text: MANIFEST.into(),
+        }],
+        None,
+    )
+    .expect("loads");
+    let store = Arc::new(FaultyStore::new(inner));
+    let cnc = Arc::new(Cnc {
+        calls: AtomicUsize::new(0),
+        estops: AtomicUsize::new(0),
+        break_store_during_call: AtomicBool::new(false),
+        store: store.clone(),
+    });
+    let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
+    drivers.insert("cnc-1".into(), cnc.clone());
+    let k = Kernel::new(KernelConfig::standard("t"), cell, drivers, store.clone()).expect("kernel");
+    let p = Principal::local_agent();
+    let sid = k
+        .session_open(&p, SessionOpen::default())
+        .await
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+    Rig {
+        k,
+        cnc,
+        store,
+        p,
+        sid,
+    }
+}
+
+impl Rig {
+    fn spin(&self, rpm: f64, id: Option<&str>) -> CommandRequest {
+        CommandRequest {
+            session_id: Some(self.sid.clone()),
+            device_id: "cnc-1".into(),
+            capability_id: "x-cap.test.spin.v1".into(),
+            resource: None,
+            input: json!({"rpm": rpm}),
+            command_id: id.map(str::to_owned),
+            deadline: None,
+            expected_revision: None,
+        }
+    }
+    async fn run(&self, r: CommandRequest) -> Value {
+        self.k.command(&self.p, r).await.expect("receipt")
+    }
+}
+
+#[tokio::test]
+async fn a_physical_call_whose_start_cannot_be_made_durable_is_refused_before_dispatch() {
+    let rig = rig_on(Arc::new(MemoryStore::new())).await;
+    rig.store.fail_writes.store(true, Ordering::SeqCst);
+    let r = rig.run(rig.spin(100.0, None)).await;
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(r["error"]["mhs_code"], "MHS.EVIDENCE.UNAVAILABLE");
+    assert_eq!(r["error"]["details"]["reason"], "started_not_durable");
+    assert_eq!(
+        rig.cnc.calls.load(Ordering::SeqCst),
+        0,
+        "nothing was dispatched"
+    );
+}
+
+#[tokio::test]
+async fn an_estop_always_runs_even_when_nothing_can_be_recorded() {
+    let rig = rig_on(Arc::new(MemoryStore::new())).await;
+    rig.store.fail_writes.store(true, Ordering::SeqCst);
+    let r = rig
+        .k
+        .estop(EstopRequest {
+            device_ids: vec!["cnc-1".into()],
+            reason: "t".into(),
+            ..EstopRequest::default()
+        })
+        .await;
+    assert_eq!(
+        rig.cnc.estops.load(Ordering::SeqCst),
+        1,
+        "the native stop ran"
+    );
+    assert_eq!(r["latch_durable"], false, "{r}");
+    assert_eq!(
+        r["error"]["details"]["reason"], "latch_not_durable",
+        "the answer says the latch is held in memory only: {r}"
+    );
+    assert_eq!(
+        rig.k.safety_status(Some("cnc-1")).expect("status")["devices"][0]["latched"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn a_finish_that_cannot_be_recorded_holds_the_resource_until_reconciled() {
+    let rig = rig_on(Arc::new(MemoryStore::new())).await;
+    rig.cnc
+        .break_store_during_call
+        .store(true, Ordering::SeqCst);
+    let r = rig
+        .run(rig.spin(100.0, Some("01CRASHFINISH0000000000001")))
+        .await;
+    assert_eq!(r["x-tether"]["finish"], "held_unreconciled", "{r}");
+    rig.cnc
+        .break_store_during_call
+        .store(false, Ordering::SeqCst);
+    rig.store.fail_writes.store(false, Ordering::SeqCst);
+    let held = rig.run(rig.spin(200.0, None)).await;
+    // Either still held, or the reconciler already recorded the crashed finish.
+    if held["status"] == "rejected" {
+        assert_eq!(
+            held["error"]["details"]["reason"], "physical_evidence_unreconciled",
+            "{held}"
+        );
+        assert_eq!(
+            held["error"]["details"]["open_receipts"],
+            json!(["01CRASHFINISH0000000000001"])
+        );
+    }
+    let t0 = Instant::now();
+    loop {
+        let r = rig.run(rig.spin(300.0, None)).await;
+        if r["status"] == "completed" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "never reconciled: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn start_up_records_crashed_finishes_for_orphaned_physical_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        // A previous run started a physical call and died before its finish.
+        let store = SqliteStore::open(dir.path()).expect("store");
+        store
+            .commit_blocking(Commit {
+                events: vec![EventDraft { kind: "command.admitted".into(), body: json!({"command_id": "01ORPHAN000000000000000001"}) }],
+                open_ops: vec![OpenOp { command_id: "01ORPHAN000000000000000001".into(), info: json!({"device_id": "cnc-1", "resource": "spindle", "key": "cnc-1/x-cap.test.spin.v1/spindle/sha256:x"}) }],
+                ..Commit::default()
+            })
+            .expect("commit");
+    }
+    let inner: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path()).expect("store"));
+    let rig = rig_on(inner.clone()).await;
+    assert!(
+        inner.open_ops().expect("open ops").is_empty(),
+        "the orphan was reconciled"
+    );
+    let row = inner
+        .receipt("01ORPHAN000000000000000001")
+        .expect("read")
+        .expect("a receipt for the orphan");
+    assert_eq!(row.receipt["status"], "unknown");
+    assert_eq!(
+        row.receipt["error"]["details"]["reason"],
+        "endpoint_crashed"
+    );
+    let tail = inner.chain_tail(5).expect("tail");
+    assert!(
+        tail.iter().any(|e| e["kind"] == "command.finish_crashed"),
+        "{tail:?}"
+    );
+    // The id can never run again.
+    let again = rig
+        .run(rig.spin(100.0, Some("01ORPHAN000000000000000001")))
+        .await;
+    assert_ne!(again["status"], "completed", "{again}");
+}

@@ -1,0 +1,97 @@
+//! A store that fails on demand, for testing fail-closed behaviour.
+//!
+//! Wraps any [`Store`]; while `fail_writes` is set every commit fails with
+//! [`StoreError::Io`] (nothing is written), while `fail_reads` is set every
+//! read fails. Used by the kernel's tests of fail-closed evidence; it is part
+//! of the public surface so end users can run the same drills.
+
+use crate::{
+    BudgetRow, Commit, Done, LatchRow, OpenOp, ReceiptRow, RevisionRow, Store, StoreError,
+};
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A store wrapper that fails on demand.
+pub struct FaultyStore {
+    inner: Arc<dyn Store>,
+    /// While set, commits fail.
+    pub fail_writes: AtomicBool,
+    /// While set, reads fail.
+    pub fail_reads: AtomicBool,
+    /// Commits refused so far.
+    pub refused_commits: AtomicU64,
+}
+
+impl FaultyStore {
+    /// Wraps a store; nothing fails until told to.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            fail_writes: AtomicBool::new(false),
+            fail_reads: AtomicBool::new(false),
+            refused_commits: AtomicU64::new(0),
+        }
+    }
+
+    fn read_check(&self) -> Result<(), StoreError> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("injected read failure".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Store for FaultyStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        if self.fail_writes.load(Ordering::SeqCst) {
+            self.refused_commits.fetch_add(1, Ordering::SeqCst);
+            done(Err(StoreError::Io("injected write failure".into())));
+            return;
+        }
+        self.inner.submit(commit, done);
+    }
+    fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
+        self.read_check()?;
+        self.inner.receipt(command_id)
+    }
+    fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
+        self.read_check()?;
+        self.inner.receipt_digests(limit)
+    }
+    fn revisions(&self) -> Result<Vec<RevisionRow>, StoreError> {
+        self.read_check()?;
+        self.inner.revisions()
+    }
+    fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
+        self.read_check()?;
+        self.inner.latches()
+    }
+    fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError> {
+        self.read_check()?;
+        self.inner.open_ops()
+    }
+    fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError> {
+        self.read_check()?;
+        self.inner.budget_rows_since(ts_ms)
+    }
+    fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {
+        self.read_check()?;
+        self.inner.chain_head()
+    }
+    fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError> {
+        self.read_check()?;
+        self.inner.chain_tail(n)
+    }
+    fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        self.read_check()?;
+        self.inner.export_chain(out)
+    }
+    fn durable(&self) -> bool {
+        self.inner.durable()
+    }
+    fn change_token(&self) -> Result<u64, StoreError> {
+        self.read_check()?;
+        self.inner.change_token()
+    }
+}
