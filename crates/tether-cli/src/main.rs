@@ -439,6 +439,8 @@ fn serve(
     let _watcher = kernel
         .start_stop_watcher(runtime.handle().clone())
         .context("starting the governed-stop watcher")?;
+    // Expired sessions get their operations cancelled and safe states run.
+    let _reaper = kernel.start_session_reaper(runtime.handle());
     runtime.block_on(async move {
         if stdio {
             eprintln!(

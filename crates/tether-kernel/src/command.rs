@@ -158,6 +158,7 @@ impl Kernel {
             ttl_ms,
             expires_at_ms: now.saturating_add(ttl_ms),
             closed: false,
+            reaped: false,
         };
         let granted: Vec<Value> = session
             .grants
@@ -210,7 +211,10 @@ impl Kernel {
         self.sessions_lock()?
             .close(sid, p, now_ms())
             .map_err(|f| session_error(f, sid))?;
-        let cancelled = self.cancel_session_ops(sid);
+        if let Ok(mut sessions) = self.inner.sessions.lock() {
+            sessions.take_ended(now_ms());
+        }
+        let cancelled = self.end_session(sid, "closed").await;
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "session.close".into(),
@@ -221,7 +225,9 @@ impl Kernel {
         Ok(json!({"session_id": sid, "closed": true, "cancelled_operations": cancelled}))
     }
 
-    fn cancel_session_ops(&self, sid: &str) -> Vec<String> {
+    /// Cancels a session's running operations (stop-class and safe-state
+    /// operations excepted) and returns them as `(operation_id, device)`.
+    pub(crate) fn cancel_session_ops(&self, sid: &str) -> Vec<(String, usize)> {
         let Ok(ops) = self.inner.ops.lock() else {
             return Vec::new();
         };
@@ -229,9 +235,46 @@ impl Kernel {
             .filter(|(_, op)| op.session_id.as_deref() == Some(sid) && !op.stop_class)
             .map(|(id, op)| {
                 op.cancel.cancel();
-                id.clone()
+                (id.clone(), op.device)
             })
             .collect()
+    }
+
+    /// A session ended (closed or expired): cancel its operations and run the
+    /// safe-state actions of every device it was driving.
+    pub(crate) async fn end_session(&self, sid: &str, why: &str) -> Vec<String> {
+        let cancelled = self.cancel_session_ops(sid);
+        let mut devices: Vec<usize> = cancelled.iter().map(|(_, d)| *d).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        let mut safe_state = Vec::new();
+        for d in devices {
+            let actions: Vec<String> = self.inner.devices[d]
+                .spec
+                .manifest
+                .safety
+                .safe_state
+                .as_ref()
+                .map(|s| s.achieved_by.clone())
+                .unwrap_or_default();
+            if actions.is_empty() {
+                tracing::warn!(session = sid, device = self.inner.devices[d].id(), "session ended; the device declares no safe-state action, relying on cancellation");
+                continue;
+            }
+            let deadline =
+                Instant::now() + Duration::from_millis(self.inner.devices[d].estop_budget_ms());
+            let result = self.run_safe_state_actions(d, deadline, &actions).await;
+            safe_state.push(json!({"device_id": self.inner.devices[d].id(), "actions": actions, "ok": result.is_ok()}));
+        }
+        let ops: Vec<String> = cancelled.into_iter().map(|(op, _)| op).collect();
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "session.end".into(),
+                body: json!({"session_id": sid, "why": why, "cancelled_operations": ops, "safe_state": safe_state}),
+            }],
+            ..Commit::default()
+        });
+        ops
     }
 
     fn sessions_lock(

@@ -26,6 +26,8 @@ pub struct Session {
     pub expires_at_ms: u64,
     /// Closed explicitly.
     pub closed: bool,
+    /// Its end was handled (operations cancelled, safe-state actions run).
+    pub reaped: bool,
 }
 
 /// Why a session check failed.
@@ -111,6 +113,18 @@ impl Sessions {
             s.expires_at_ms = s.expires_at_ms.min(now_ms);
         }
         Ok(())
+    }
+
+    /// Sessions that ended and were not handled yet; marks them handled.
+    pub fn take_ended(&mut self, now_ms: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in self.map.values_mut() {
+            if !s.reaped && !Self::live(s, now_ms) {
+                s.reaped = true;
+                out.push(s.id.clone());
+            }
+        }
+        out
     }
 
     /// Devices a session (live or not) holds grants on.

@@ -18,6 +18,8 @@ use tether_core::manifest::Mode;
 use tether_core::receipt::now_ms;
 use tether_store::{Commit, EventDraft};
 
+/// How often expired sessions are looked for, ms.
+pub const SESSION_REAP_MS: u64 = 250;
 /// First retry delay of a failed stop path.
 const RETRY_DELAY_FIRST: Duration = Duration::from_millis(250);
 /// Longest retry delay.
@@ -167,7 +169,7 @@ impl Kernel {
 
     /// Every achieved_by action, each on every resource it is bound to, with
     /// an empty input; stop-path calls are never cancelled.
-    async fn run_safe_state_actions(
+    pub(crate) async fn run_safe_state_actions(
         &self,
         d: usize,
         deadline: Instant,
@@ -227,6 +229,30 @@ impl Kernel {
             }
         }
         Ok(())
+    }
+
+    /// Starts the session reaper: every [`SESSION_REAP_MS`] ms, sessions that
+    /// expired get their operations cancelled and safe-state actions run.
+    pub fn start_session_reaper(
+        &self,
+        runtime: &tokio::runtime::Handle,
+    ) -> tokio::task::JoinHandle<()> {
+        let kernel = self.clone();
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(SESSION_REAP_MS));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Runs for the life of the endpoint (aborted with the runtime).
+            loop {
+                tick.tick().await;
+                let ended = match kernel.inner.sessions.lock() {
+                    Ok(mut s) => s.take_ended(now_ms()),
+                    Err(_) => continue,
+                };
+                for sid in ended {
+                    kernel.end_session(&sid, "expired").await;
+                }
+            }
+        })
     }
 
     /// Retries a failed stop path in the background until it succeeds or the

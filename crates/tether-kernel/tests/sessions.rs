@@ -1,0 +1,93 @@
+//! Session expiry and close end the session's running operations.
+
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tether_kernel::{CommandRequest, Kernel, KernelConfig, Principal, SessionOpen};
+use tether_store::MemoryStore;
+
+fn kernel() -> Kernel {
+    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    Kernel::new(
+        KernelConfig::standard("t"),
+        cell,
+        drivers,
+        Arc::new(MemoryStore::new()),
+    )
+    .expect("kernel")
+}
+
+fn long_move(sid: &str) -> CommandRequest {
+    CommandRequest {
+        session_id: Some(sid.into()),
+        device_id: "arm-1".into(),
+        capability_id: "cap.motion.move_to.v1".into(),
+        resource: None,
+        input: json!({"joints": [1.0, 0, 0, 0, 0, 0], "speed": 0.5}),
+        command_id: None,
+        deadline: None,
+        expected_revision: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_cancels_its_running_motion_and_later_use_is_expired() {
+    let k = kernel();
+    let _reaper = k.start_session_reaper(&tokio::runtime::Handle::current());
+    let p = Principal::local_agent();
+    let sid = k
+        .session_open(
+            &p,
+            SessionOpen {
+                ttl_ms: Some(300),
+                ..SessionOpen::default()
+            },
+        )
+        .await
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+    let t0 = Instant::now();
+    let r = k.command(&p, long_move(&sid)).await.expect("receipt");
+    assert_eq!(r["status"], "cancelled", "{r}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "cancelled at expiry, not at the end of the 2 s motion: {:?}",
+        t0.elapsed()
+    );
+    let later = k.session_heartbeat(&p, &sid).expect_err("expired");
+    assert_eq!(later.code.as_str(), "MHS.SESSION.EXPIRED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_cancels_its_running_motion() {
+    let k = kernel();
+    let p = Principal::local_agent();
+    let sid = k
+        .session_open(&p, SessionOpen::default())
+        .await
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+    let k2 = k.clone();
+    let (p2, sid2) = (p.clone(), sid.clone());
+    let motion = tokio::spawn(async move { k2.command(&p2, long_move(&sid2)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let closed = k.session_close(&p, &sid).await.expect("close");
+    assert_eq!(
+        closed["cancelled_operations"].as_array().map(Vec::len),
+        Some(1),
+        "{closed}"
+    );
+    let r = motion.await.expect("join").expect("receipt");
+    assert_eq!(r["status"], "cancelled", "{r}");
+    let again = k
+        .command(&p, long_move(&sid))
+        .await
+        .expect_err("closed session");
+    assert_eq!(again.code.as_str(), "MHS.SESSION.EXPIRED");
+}
