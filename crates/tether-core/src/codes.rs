@@ -57,6 +57,7 @@ pub enum Code {
     AdapterShimFailed,
     AdapterOutputInvalid,
     EvidenceUnavailable,
+    OperationUnknown,
     PolicyDenied,
     PolicyHeld,
 }
@@ -145,6 +146,7 @@ registry! {
     AdapterShimFailed => ("MHS.ADAPTER.SHIM_FAILED", -32092, false, Command, "The driver failed unexpectedly; the native message is not forwarded."),
     AdapterOutputInvalid => ("MHS.ADAPTER.OUTPUT_INVALID", -32093, false, Command, "The driver returned output that does not match the class output schema."),
     EvidenceUnavailable => ("MHS.EVIDENCE.UNAVAILABLE", -32095, true, Internal, "The evidence store could not make the record durable; the command was refused or its outcome is held."),
+    OperationUnknown => ("MHS.OPERATION.UNKNOWN", -32096, false, Command, "No running or recently finished operation has this id."),
     PolicyDenied => ("MHS.POLICY.DENIED", -32100, false, Command, "The control policy denies this request."),
     PolicyHeld => ("MHS.POLICY.HELD", -32101, true, Command, "The control policy holds this request for people to approve; details.approval_id names it."),
 }

@@ -1269,6 +1269,7 @@ impl Kernel {
         receipt.decision = Some("allow");
         receipt.extra.insert("operation_id".into(), json!(op_id));
         let wire = receipt.to_json();
+        self.note_finished(op_id, &wire);
         // A simulated command records its admission (the decision) and its
         // receipt in one entry; a physical one recorded the admission before
         // dispatch.

@@ -17,6 +17,8 @@ pub const METHODS: &[&str] = &[
     "mhs.resource.read",
     "mhs.resource.write",
     "mhs.command",
+    "mhs.operations.get",
+    "mhs.operations.cancel",
     "mhs.safety.estop",
     "mhs.safety.reset",
     "mhs.safety.status",

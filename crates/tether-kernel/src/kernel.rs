@@ -184,6 +184,8 @@ pub(crate) struct Inner {
     pub idem: Mutex<Index>,
     pub budgets: Mutex<Ledger>,
     pub ops: Mutex<HashMap<String, RunningOp>>,
+    /// Recently finished operations (bounded), for `mhs.operations.get`.
+    pub finished_ops: Mutex<crate::operations::Finished>,
     pub started: Instant,
     pub started_ms: u64,
     /// Governed-stop watcher health.
@@ -366,6 +368,7 @@ impl Kernel {
                 idem: Mutex::new(idem),
                 budgets: Mutex::new(ledger),
                 ops: Mutex::new(HashMap::new()),
+                finished_ops: Mutex::new(crate::operations::Finished::default()),
                 started: Instant::now(),
                 started_ms: now,
                 stop_watch: crate::governed::WatchHealth::default(),

@@ -28,6 +28,7 @@ pub mod governed;
 mod idempotency;
 mod kernel;
 pub mod loader;
+mod operations;
 pub mod reference;
 mod safety;
 mod session;

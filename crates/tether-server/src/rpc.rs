@@ -368,6 +368,18 @@ struct CommandParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct OperationParams {
+    operation_id: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    session_id: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ResetParams {
     device_id: String,
     #[serde(default)]
@@ -563,6 +575,14 @@ async fn dispatch(
                     },
                 )
                 .await
+        }
+        "mhs.operations.get" => {
+            let q: OperationParams = parse(params)?;
+            kernel.operation_get(&q.operation_id)
+        }
+        "mhs.operations.cancel" => {
+            let q: OperationParams = parse(params)?;
+            kernel.operation_cancel(&q.operation_id)
         }
         "mhs.safety.status" => {
             let q: StatusParams = parse(params)?;

@@ -1,0 +1,108 @@
+//! `mhs.operations.get` and `mhs.operations.cancel`.
+//!
+//! Cancellation is cooperative: an accepted cancel means the request was
+//! delivered to the running operation, never that the device stopped. The
+//! operation's own receipt says how it ended.
+
+use crate::kernel::Kernel;
+use crate::ApiError;
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use tether_core::Code;
+
+/// Finished operations remembered for `mhs.operations.get`.
+const FINISHED_MAX: usize = 10_000;
+
+/// A bounded memory of finished operations: id -> summary.
+#[derive(Debug, Default)]
+pub(crate) struct Finished {
+    by_id: HashMap<String, Value>,
+    order: VecDeque<String>,
+}
+
+impl Finished {
+    fn insert(&mut self, op_id: &str, summary: Value) {
+        self.by_id.insert(op_id.to_owned(), summary);
+        self.order.push_back(op_id.to_owned());
+        while self.order.len() > FINISHED_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+    }
+}
+
+impl Kernel {
+    pub(crate) fn note_finished(&self, op_id: &str, receipt: &Value) {
+        if let Ok(mut f) = self.inner.finished_ops.lock() {
+            f.insert(
+                op_id,
+                json!({
+                    "operation_id": op_id,
+                    "state": "finished",
+                    "status": receipt["status"],
+                    "command_id": receipt["command_id"],
+                    "receipt_id": receipt["receipt_id"],
+                    "device_id": receipt["device_id"],
+                    "capability_id": receipt["capability_id"],
+                }),
+            );
+        }
+    }
+
+    fn unknown_operation(id: &str) -> ApiError {
+        ApiError::new(
+            Code::OperationUnknown,
+            format!("no running or recently finished operation `{id}`"),
+            json!({"operation_id": id}),
+        )
+    }
+
+    /// `mhs.operations.get`.
+    ///
+    /// # Errors
+    /// `MHS.OPERATION.UNKNOWN`.
+    pub fn operation_get(&self, operation_id: &str) -> Result<Value, ApiError> {
+        if let Ok(ops) = self.inner.ops.lock() {
+            if let Some(op) = ops.get(operation_id) {
+                return Ok(json!({
+                    "operation_id": operation_id,
+                    "state": "running",
+                    "device_id": self.inner.devices[op.device].id(),
+                    "capability_id": op.capability_id,
+                    "cancel_requested": op.cancel.is_cancelled(),
+                }));
+            }
+        }
+        self.inner
+            .finished_ops
+            .lock()
+            .ok()
+            .and_then(|f| f.by_id.get(operation_id).cloned())
+            .ok_or_else(|| Self::unknown_operation(operation_id))
+    }
+
+    /// `mhs.operations.cancel`: delivers cancellation to a running operation.
+    ///
+    /// # Errors
+    /// `MHS.OPERATION.UNKNOWN`.
+    pub fn operation_cancel(&self, operation_id: &str) -> Result<Value, ApiError> {
+        if let Ok(ops) = self.inner.ops.lock() {
+            if let Some(op) = ops.get(operation_id) {
+                if op.stop_class {
+                    return Ok(
+                        json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled"}),
+                    );
+                }
+                op.cancel.cancel();
+                return Ok(
+                    json!({"operation_id": operation_id, "cancel_delivered": true, "note": "delivered, not confirmed: the operation's receipt says how it ended"}),
+                );
+            }
+        }
+        let finished = self.operation_get(operation_id)?;
+        Ok(
+            json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "already_finished", "status": finished["status"]}),
+        )
+    }
+}
