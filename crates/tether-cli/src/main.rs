@@ -105,6 +105,19 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SimAction {
+    /// Run the simulated arm as a separate controller process (leased commands
+    /// over a line protocol; docs/SIM_PROTOCOL.md). Point a `remote.arm` device at it.
+    Serve {
+        /// Address to listen on; port 0 picks a free port and prints it.
+        #[arg(long, default_value = "127.0.0.1:7879")]
+        listen: String,
+    },
+    /// Print the external simulator's arm status (positions, moving, last stop).
+    Status {
+        /// The simulator's address.
+        #[arg(long, default_value = "127.0.0.1:7879")]
+        connect: String,
+    },
     /// Open or close a simulated door contact (the `door` interlock of arm-1).
     Door {
         /// `open` or `close`.
@@ -164,6 +177,12 @@ fn main() -> ExitCode {
             endpoint,
             reason,
         } => reset(&device, &endpoint, &reason),
+        Command::Sim {
+            action: SimAction::Serve { listen },
+        } => sim_serve(&listen),
+        Command::Sim {
+            action: SimAction::Status { connect },
+        } => sim_status(&connect),
         Command::Sim {
             action:
                 SimAction::Door {
@@ -318,6 +337,39 @@ fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
     }
 }
 
+fn sim_serve(listen: &str) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        eprintln!(
+            "tether-sim: listening on {} ({}; simulated arm-1, leases enforced by the controller)",
+            listener.local_addr()?,
+            tether_drivers::simproc::PROTOCOL
+        );
+        tether_drivers::simproc::serve(listener).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn sim_status(connect: &str) -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead, Write as _};
+    let mut stream = std::net::TcpStream::connect(connect)
+        .with_context(|| format!("connecting to {connect}"))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+    stream.write_all(b"{\"id\":1,\"op\":\"status\",\"device\":\"arm-1\"}\n")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stream).read_line(&mut line)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&line).context("the simulator's answer is not JSON")?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn estop(
     device: Option<&str>,
     state_dir: Option<PathBuf>,
@@ -333,6 +385,9 @@ fn estop(
                 device.unwrap_or("every device"),
                 dir.display()
             );
+            if device.is_some() {
+                eprintln!("tether: note: the device id is not checked here; an endpoint that serves no such device stops nothing");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

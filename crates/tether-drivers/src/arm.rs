@@ -157,6 +157,11 @@ impl SimArm {
     }
 }
 
+/// Six finite numbers, or `None` (shared with the remote arm driver).
+pub fn joints_of_pub(v: &Value) -> Option<[f64; JOINTS]> {
+    joints_of(v)
+}
+
 fn joints_of(v: &Value) -> Option<[f64; JOINTS]> {
     let a = v.as_array().filter(|a| a.len() == JOINTS)?;
     let mut out = [0.0; JOINTS];

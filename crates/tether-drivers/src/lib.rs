@@ -15,6 +15,8 @@
 
 pub mod arm;
 pub mod relay;
+pub mod remote;
+pub mod simproc;
 pub mod thermostat;
 
 use std::collections::HashMap;
@@ -42,7 +44,7 @@ pub fn builtin_cell() -> Vec<ManifestSource> {
 }
 
 /// Driver kinds this crate can build.
-pub const KINDS: &[&str] = &["sim.thermostat", "sim.arm", "sim.relay"];
+pub const KINDS: &[&str] = &["sim.thermostat", "sim.arm", "sim.relay", "remote.arm"];
 
 /// Where simulator controls live: `<state_dir>/sim-control/<device_id>.json`,
 /// written by `tether sim` and read by the simulated drivers. A file, not a
@@ -92,6 +94,7 @@ pub fn build_with(manifest: &DeviceManifest, env: &SimEnv) -> Result<Arc<dyn Dri
             arm::SimArm::new(&cfg)?.with_control(env.control_file(&manifest.device_id)),
         )),
         "sim.relay" => Ok(Arc::new(relay::SimRelay::new(&cfg)?)),
+        "remote.arm" => Ok(Arc::new(remote::RemoteArm::new(&cfg)?)),
         other => Err(format!(
             "unknown driver kind `{other}` (known: {})",
             KINDS.join(", ")

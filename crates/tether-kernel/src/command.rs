@@ -212,7 +212,7 @@ impl Kernel {
             .close(sid, p, now_ms())
             .map_err(|f| session_error(f, sid))?;
         if let Ok(mut sessions) = self.inner.sessions.lock() {
-            sessions.take_ended(now_ms());
+            sessions.mark_reaped(sid);
         }
         let cancelled = self.end_session(sid, "closed").await;
         self.record(Commit {
@@ -933,7 +933,8 @@ impl Kernel {
                 )
                 .await);
         }
-        if dev.spec.manifest.mode.is_physical() {
+        // Stops and safe-state actions are exempt: they always run.
+        if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
             if let Err(r) = self.reread_governed_stop(ctx.device) {
                 return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
             }
@@ -950,8 +951,8 @@ impl Kernel {
             // simulated call writes its admission in the same commit as its
             // receipt: nothing physical can happen in between, and one commit
             // instead of two halves the evidence cost of the common case.
-            let must_be_durable =
-                dev.spec.manifest.mode.is_physical() || !admitted.reservations.is_empty();
+            let must_be_durable = (dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b))
+                || !admitted.reservations.is_empty();
             let durable = if must_be_durable {
                 // A physical call's start is also an open operation: if the
                 // process dies before its finish is recorded, start-up finds it
@@ -1251,7 +1252,7 @@ impl Kernel {
             return Ok(self.reject_binding(&ctx, refusal).await);
         }
         let advances = !b.is_read();
-        let physical = dev.spec.manifest.mode.is_physical() && !b.is_read();
+        let physical = dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b);
         let mut output = output;
         if is_configure && status == Status::Completed {
             output = Some(json!({"applied": ctx.input, "revision": after}));

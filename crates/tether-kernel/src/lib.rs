@@ -27,6 +27,7 @@ mod evidence;
 pub mod governed;
 mod idempotency;
 mod kernel;
+pub mod lease;
 pub mod loader;
 mod operations;
 pub mod reference;

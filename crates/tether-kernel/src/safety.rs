@@ -1,11 +1,10 @@
-//! The e-stop latch, reset and status (the basic latch of the foundation;
-//! the full stop path with safe-state actions and background retry is built
-//! on top of this by the safety work).
+//! The e-stop latch, reset and status.
 //!
-//! The e-stop latches first: the in-memory latch is set and every running
-//! operation of the device is cancelled before any driver I/O; then the
-//! native stop runs in a bounded worker; then the latch is made durable. The
-//! answer comes within the device's stop budget.
+//! The e-stop latches first: the in-memory latch is set for every target
+//! device and every running operation is cancelled before any driver I/O;
+//! the latch is then persisted (a bounded wait that never blocks the stop);
+//! then the stop path runs (`stop_path.rs`) and the answer comes within the
+//! device's stop budget. A failed stop path keeps the latch and is retried.
 
 use crate::command::Ctx;
 use crate::kernel::{Kernel, LatchInfo, Principal};

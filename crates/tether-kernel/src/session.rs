@@ -127,6 +127,13 @@ impl Sessions {
         out
     }
 
+    /// Marks one session's end as handled (an explicit close handles it itself).
+    pub fn mark_reaped(&mut self, id: &str) {
+        if let Some(s) = self.map.get_mut(id) {
+            s.reaped = true;
+        }
+    }
+
     /// Devices a session (live or not) holds grants on.
     pub fn devices_of(&self, id: &str) -> Option<BTreeSet<usize>> {
         self.map

@@ -55,6 +55,11 @@ impl Server {
 
     /// A server of `transport` on `dir` (a fresh tempdir when `None`).
     pub fn start(transport: Transport, dir: Option<&Path>) -> Server {
+        Self::start_with(transport, dir, &[])
+    }
+
+    /// Starts the binary with extra `serve` arguments (e.g. `--config FILE`).
+    pub fn start_with(transport: Transport, dir: Option<&Path>, extra: &[&OsStr]) -> Server {
         let (tmp, state_dir) = match dir {
             Some(d) => (None, d.to_path_buf()),
             None => {
@@ -64,7 +69,10 @@ impl Server {
             }
         };
         let mut cmd = Command::new(BIN);
-        cmd.arg("serve").arg("--state-dir").arg(&state_dir);
+        cmd.arg("serve")
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(extra);
         match transport {
             Transport::Http => {
                 cmd.args(["--http", "127.0.0.1:0"])

@@ -1,0 +1,267 @@
+//! `remote.arm`: an arm in a controller outside this process (`tether sim
+//! serve`), driven with leased commands through the kernel's runner.
+//!
+//! `driver_config`: `address` (host:port of the controller, required),
+//! `lease_ms` (default 300), `park_speed_rad_s` (default 1.0).
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader as StdBufReader, Write};
+use std::time::Duration;
+use tether_kernel::lease::{run_leased, LeasedController, Progress};
+use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Signal};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// How long one request to the controller may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Longest motion the runner lets run.
+const MOTION_MAX: Duration = Duration::from_secs(600);
+
+/// The remote arm driver.
+#[derive(Debug)]
+pub struct RemoteArm {
+    address: String,
+    lease: Duration,
+    park_speed: f64,
+}
+
+impl RemoteArm {
+    /// Builds it from `driver_config`.
+    ///
+    /// # Errors
+    /// A missing address or a lease outside 20..=60000 ms.
+    pub fn new(cfg: &Value) -> Result<Self, String> {
+        let address = cfg
+            .get("address")
+            .and_then(Value::as_str)
+            .ok_or("driver_config.address (host:port of `tether sim serve`) is required")?
+            .to_owned();
+        let lease_ms = cfg
+            .get("lease_ms")
+            .map_or(Some(300), Value::as_u64)
+            .filter(|ms| (20..=60_000).contains(ms))
+            .ok_or("driver_config.lease_ms must be an integer from 20 to 60000")?;
+        let park_speed = crate::cfg_f64(cfg, "park_speed_rad_s", 1.0)?;
+        Ok(Self {
+            address,
+            lease: Duration::from_millis(lease_ms),
+            park_speed,
+        })
+    }
+
+    /// One blocking request on a fresh connection (reads, stops, interlocks).
+    fn request_blocking(&self, req: &Value) -> Result<Value, Signal> {
+        let unreachable = |e: std::io::Error| Signal::OutcomeUnknown {
+            message: format!("controller {} unreachable: {e}", self.address),
+        };
+        let addr = self
+            .address
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| Signal::Failed {
+                reason: "bad_address".into(),
+                message: e.to_string(),
+            })?;
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT).map_err(unreachable)?;
+        stream
+            .set_read_timeout(Some(REQUEST_TIMEOUT))
+            .map_err(unreachable)?;
+        stream
+            .set_write_timeout(Some(REQUEST_TIMEOUT))
+            .map_err(unreachable)?;
+        let mut line = req.to_string();
+        line.push('\n');
+        stream.write_all(line.as_bytes()).map_err(unreachable)?;
+        let mut answer = String::new();
+        let limited = std::io::Read::take(stream, crate::simproc::LINE_BYTES_MAX as u64);
+        StdBufReader::new(limited)
+            .read_line(&mut answer)
+            .map_err(unreachable)?;
+        serde_json::from_str(&answer).map_err(|_| Signal::OutcomeUnknown {
+            message: "the controller's answer is not JSON".into(),
+        })
+    }
+}
+
+/// One leased motion over a persistent connection.
+struct Motion {
+    address: String,
+    joints: [f64; 6],
+    speed: f64,
+    conn: Option<BufReader<TcpStream>>,
+    motion_id: u64,
+}
+
+impl Motion {
+    async fn request(&mut self, req: Value) -> Result<Value, Signal> {
+        let address = self.address.clone();
+        let unknown = move |m: String| Signal::OutcomeUnknown {
+            message: format!("controller {address}: {m}"),
+        };
+        if self.conn.is_none() {
+            let s = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(&self.address))
+                .await
+                .map_err(|_| unknown("connect timed out".into()))?
+                .map_err(|e| unknown(e.to_string()))?;
+            self.conn = Some(BufReader::new(s));
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(unknown("no connection".into()));
+        };
+        let mut line = req.to_string();
+        line.push('\n');
+        let exchange = async {
+            conn.get_mut().write_all(line.as_bytes()).await?;
+            let mut answer = String::new();
+            conn.read_line(&mut answer).await?;
+            Ok::<String, std::io::Error>(answer)
+        };
+        let answer = match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+            Ok(Ok(a)) if !a.is_empty() => a,
+            Ok(Ok(_)) => {
+                self.conn = None;
+                return Err(unknown("connection closed".into()));
+            }
+            Ok(Err(e)) => {
+                self.conn = None;
+                return Err(unknown(e.to_string()));
+            }
+            Err(_) => {
+                self.conn = None;
+                return Err(unknown("request timed out".into()));
+            }
+        };
+        serde_json::from_str(&answer).map_err(|_| unknown("answer is not JSON".into()))
+    }
+}
+
+impl LeasedController for Motion {
+    fn send(&mut self, lease: Duration) -> BoxFuture<'_, Result<(), Signal>> {
+        Box::pin(async move {
+            let r = self.request(json!({"op": "move", "device": "arm-1", "joints": self.joints, "speed": self.speed, "lease_ms": lease.as_millis() as u64})).await?;
+            if r["ok"] != true {
+                return Err(if r["error"] == "busy" {
+                    Signal::Busy
+                } else {
+                    Signal::Failed {
+                        reason: "controller_refused".into(),
+                        message: r["error"].as_str().unwrap_or("refused").to_owned(),
+                    }
+                });
+            }
+            self.motion_id = r["motion_id"].as_u64().unwrap_or(0);
+            Ok(())
+        })
+    }
+
+    fn renew(&mut self, lease: Duration) -> BoxFuture<'_, Result<Progress, Signal>> {
+        Box::pin(async move {
+            let r = self.request(json!({"op": "renew", "motion_id": self.motion_id, "lease_ms": lease.as_millis() as u64})).await?;
+            match r["state"].as_str() {
+                Some("running") => Ok(Progress::Running),
+                Some("done") => Ok(Progress::Done(r["output"].clone())),
+                Some("stopped") => Err(Signal::Failed {
+                    reason: "stopped_by_controller".into(),
+                    message: format!(
+                        "the controller stopped the motion ({})",
+                        r["reason"].as_str().unwrap_or("?")
+                    ),
+                }),
+                _ => Err(Signal::OutcomeUnknown {
+                    message: format!("unexpected controller answer: {r}"),
+                }),
+            }
+        })
+    }
+
+    fn stop(&mut self) -> BoxFuture<'_, Result<(), Signal>> {
+        Box::pin(async move {
+            // A fresh connection: the motion's own may be the broken part.
+            self.conn = None;
+            self.request(json!({"op": "stop", "device": "arm-1"}))
+                .await
+                .map(|_| ())
+        })
+    }
+}
+
+impl Driver for RemoteArm {
+    fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
+        let s = self.request_blocking(&json!({"op": "status", "device": "arm-1"}))?;
+        Ok(json!({"positions": s["positions"], "moving": s["moving"], "target": s["target"]}))
+    }
+
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+        Box::pin(async move {
+            let (joints, speed) = match call.target() {
+                "move_to" => {
+                    let joints = call
+                        .input()
+                        .get("joints")
+                        .and_then(crate::arm::joints_of_pub)
+                        .ok_or_else(|| Signal::Failed {
+                            reason: "bad_input".into(),
+                            message: "joints must hold 6 numbers".into(),
+                        })?;
+                    (
+                        joints,
+                        call.input()
+                            .get("speed")
+                            .and_then(Value::as_f64)
+                            .unwrap_or(0.25),
+                    )
+                }
+                "park" => ([0.0; 6], self.park_speed),
+                "stop" => {
+                    let mut m = Motion {
+                        address: self.address.clone(),
+                        joints: [0.0; 6],
+                        speed: 1.0,
+                        conn: None,
+                        motion_id: 0,
+                    };
+                    m.stop().await?;
+                    return Ok(json!({"stopped": true}));
+                }
+                other => {
+                    return Err(Signal::Failed {
+                        reason: "unknown_target".into(),
+                        message: format!("unknown target `{other}`"),
+                    })
+                }
+            };
+            let mut motion = Motion {
+                address: self.address.clone(),
+                joints,
+                speed,
+                conn: None,
+                motion_id: 0,
+            };
+            run_leased(&mut motion, self.lease, MOTION_MAX, &cancel).await
+        })
+    }
+
+    fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
+        let r = self.request_blocking(&json!({"op": "stop", "device": "arm-1"}))?;
+        if r["ok"] == true {
+            Ok(())
+        } else {
+            Err(Signal::Failed {
+                reason: "controller_refused".into(),
+                message: r.to_string(),
+            })
+        }
+    }
+
+    fn interlocks(&self) -> Vec<(String, InterlockState)> {
+        let state = match self.request_blocking(&json!({"op": "status", "device": "arm-1"})) {
+            Ok(s) => match s["door"].as_str() {
+                Some("closed") => InterlockState::Closed,
+                Some("open") => InterlockState::Open,
+                _ => InterlockState::Unknown,
+            },
+            Err(_) => InterlockState::Unknown,
+        };
+        vec![("door".to_owned(), state)]
+    }
+}
