@@ -334,6 +334,28 @@ impl Kernel {
                 json!({"reason": "not_latched", "latched": false}),
             ));
         }
+        // A trip made elsewhere that this process has not applied yet must not be
+        // released by a reset that never saw it: read the shared stop first.
+        match self.inner.store.latches() {
+            Ok(rows) => {
+                if let Some(ev) = crate::governed::newest_event(&rows, dev.id()) {
+                    if ev.latched && ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst) {
+                        return Some(Refusal::new(
+                            Code::SafetyResetRefused,
+                            "a newer stop was tripped by another process; it is being applied",
+                            json!({"reason": "newer_stop", "tripped_at_ms": ev.at_ms, "latched": true}),
+                        ));
+                    }
+                }
+            }
+            Err(e) => {
+                return Some(Refusal::new(
+                    Code::SafetyResetRefused,
+                    "the governed stop cannot be read, so the latch is kept",
+                    json!({"reason": "stop_unreadable", "store_error": e.to_string(), "latched": true}),
+                ));
+            }
+        }
         if dev.spec.manifest.mode.is_physical() && !p.operator {
             return Some(Refusal::new(
                 Code::AuthForbidden,
