@@ -24,6 +24,8 @@ pub const INTERNAL_RESET: &str = "cap.internal.safety_reset.v1";
 /// Longest the e-stop waits for its latch to become durable before it runs
 /// the stop path anyway, ms.
 const LATCH_PERSIST_WAIT_MS_MAX: u64 = 100;
+/// Attempts to persist a latch that could not be made durable at once.
+const LATCH_PERSIST_RETRIES_MAX: u32 = 10_000;
 
 struct DeviceStop {
     device: usize,
@@ -168,18 +170,7 @@ impl Kernel {
             ..Commit::default()
         };
         let persist_wait = (budget / 2).min(Duration::from_millis(LATCH_PERSIST_WAIT_MS_MAX));
-        let durable = match tokio::time::timeout(persist_wait, self.commit(latch_commit)).await {
-            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "not durable within {} ms",
-                persist_wait.as_millis()
-            )),
-        };
-        if durable.is_ok() {
-            if let Ok(mut l) = dev.latch.lock() {
-                l.durable = true;
-            }
-        }
+        let durable = self.persist_latch(d, latch_commit, persist_wait).await;
         dev.stop_confirmed.store(false, Ordering::SeqCst);
         let path = self.run_stop_path(d, t0, reason, command_id).await;
         let ctx = Ctx {
@@ -257,6 +248,75 @@ impl Kernel {
             device: d,
             receipt: wire,
             completed,
+        }
+    }
+
+    /// Submits the latch commit and waits at most `wait` for it. Whenever it
+    /// lands the latch is marked durable; if it fails, it is retried in the
+    /// background (0.25 s doubling to 5 s) until durable or the latch changes.
+    async fn persist_latch(&self, d: usize, commit: Commit, wait: Duration) -> Result<(), String> {
+        let generation = self.inner.devices[d].latch_event_ms.load(Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let kernel = self.clone();
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let row = commit.latches.clone();
+        self.inner.store.submit(
+            commit,
+            Box::new(move |r| {
+                match &r {
+                    Ok(_) => kernel.mark_latch_durable(d, generation),
+                    Err(_) => {
+                        if let Some(rt) = runtime {
+                            let k = kernel.clone();
+                            rt.spawn(
+                                async move { k.retry_latch_persist(d, generation, row).await },
+                            );
+                        }
+                    }
+                }
+                let _ = tx.send(r);
+            }),
+        );
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(Ok(_))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(_)) => Err("the store dropped the commit".into()),
+            Err(_) => Err(format!("not durable within {} ms", wait.as_millis())),
+        }
+    }
+
+    fn mark_latch_durable(&self, d: usize, generation: u64) {
+        let dev = &self.inner.devices[d];
+        if dev.latch_event_ms.load(Ordering::SeqCst) == generation {
+            if let Ok(mut l) = dev.latch.lock() {
+                l.durable = true;
+            }
+        }
+    }
+
+    async fn retry_latch_persist(&self, d: usize, generation: u64, rows: Vec<LatchRow>) {
+        let mut delay = Duration::from_millis(250);
+        for _ in 0..LATCH_PERSIST_RETRIES_MAX {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+            let dev = &self.inner.devices[d];
+            if !dev.latched.load(Ordering::SeqCst)
+                || dev.latch_event_ms.load(Ordering::SeqCst) != generation
+            {
+                return;
+            }
+            let commit = Commit {
+                events: vec![EventDraft {
+                    kind: "safety.estop.persisted".into(),
+                    body: json!({"device_id": dev.id(), "late": true}),
+                }],
+                latches: rows.clone(),
+                ..Commit::default()
+            };
+            if self.commit(commit).await.is_ok() {
+                self.mark_latch_durable(d, generation);
+                return;
+            }
         }
     }
 

@@ -166,6 +166,22 @@ async fn an_estop_always_runs_even_when_nothing_can_be_recorded() {
         rig.k.safety_status(Some("cnc-1")).expect("status")["devices"][0]["latched"],
         true
     );
+    assert_eq!(
+        rig.k.safety_status(Some("cnc-1")).expect("status")["devices"][0]["latch"]["durable"],
+        false
+    );
+    // The process keeps trying; once the store recovers, the latch becomes durable.
+    rig.store.fail_writes.store(false, Ordering::SeqCst);
+    let t0 = Instant::now();
+    while rig.k.safety_status(Some("cnc-1")).expect("status")["devices"][0]["latch"]["durable"]
+        != true
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "the latch was never persisted"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 #[tokio::test]
