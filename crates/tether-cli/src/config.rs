@@ -23,6 +23,108 @@ pub struct EndpointConfig {
     /// Operator overlay (`site-limits.json`), relative to the config file.
     #[serde(default)]
     pub overlay: Option<PathBuf>,
+    /// Principals and their bearer tokens; none means one local agent.
+    #[serde(default)]
+    pub principals: Vec<PrincipalConfig>,
+}
+
+/// A `[[principals]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalConfig {
+    /// Stable id.
+    pub id: String,
+    /// human, agent or service.
+    pub kind: String,
+    /// Roles (`operator`, humans only).
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// SHA-256 of the token, hex (the token itself is never written down).
+    #[serde(default)]
+    pub token_sha256: Option<String>,
+    /// Name of the environment variable that holds the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+/// Builds the authenticator from `[[principals]]`; every defect is reported.
+///
+/// # Errors
+/// Duplicate ids, bad kinds or roles, a token given neither or both ways, a
+/// malformed digest, an unset token variable.
+pub fn authenticator(
+    loaded: &Loaded,
+    origin: &Path,
+) -> Result<tether_server::auth::Authenticator, Vec<Defect>> {
+    use tether_server::auth::{principal, token_digest, Authenticator, Credential};
+    let mut defects = Vec::new();
+    let mut creds = Vec::new();
+    let mut ids = std::collections::BTreeSet::new();
+    for (i, p) in loaded.config.principals.iter().enumerate() {
+        let field = |f: &str| Defect {
+            file: origin.display().to_string(),
+            device: "-".into(),
+            field: format!("principals[{i}].{f}"),
+            message: String::new(),
+        };
+        let mut bad = |f: &str, m: String| {
+            let mut d = field(f);
+            d.message = m;
+            defects.push(d);
+        };
+        if !ids.insert(p.id.clone()) {
+            bad("id", format!("principal `{}` declared twice", p.id));
+        }
+        let who = match principal(&p.id, &p.kind, &p.roles) {
+            Ok(w) => w,
+            Err(e) => {
+                bad("kind", e);
+                continue;
+            }
+        };
+        let digest = match (&p.token_sha256, &p.token_env) {
+            (Some(hexd), None) => match hex::decode(hexd.trim()) {
+                Ok(bytes) if bytes.len() == 32 => {
+                    let mut d = [0u8; 32];
+                    d.copy_from_slice(&bytes);
+                    d
+                }
+                _ => {
+                    bad(
+                        "token_sha256",
+                        "must be 64 hex characters (the SHA-256 of the token)".into(),
+                    );
+                    continue;
+                }
+            },
+            (None, Some(var)) => match std::env::var(var) {
+                Ok(t) if !t.is_empty() => token_digest(&t),
+                _ => {
+                    bad(
+                        "token_env",
+                        format!("environment variable `{var}` is not set"),
+                    );
+                    continue;
+                }
+            },
+            _ => {
+                bad(
+                    "token_sha256",
+                    "give exactly one of token_sha256 or token_env".into(),
+                );
+                continue;
+            }
+        };
+        creds.push(Credential {
+            principal: who,
+            token_sha256: digest,
+        });
+    }
+    if defects.is_empty() {
+        Ok(Authenticator::new(creds))
+    } else {
+        Err(defects)
+    }
 }
 
 /// What `serve`, `check` and `describe` work from.

@@ -233,6 +233,10 @@ fn check(file: &std::path::Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(defects) = config::authenticator(&loaded, file) {
+        print_defects(&defects);
+        return ExitCode::from(1);
+    }
     match config::load_cell(&loaded) {
         Ok(cell) => {
             for d in &cell.devices {
@@ -400,7 +404,10 @@ fn estop(
 
 fn reset(device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitCode> {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.safety.reset", "params": {"device_id": device, "reason": reason}});
-    let answer = http_post_json(endpoint, &body.to_string())
+    // The operator's token comes from the environment, never from a flag
+    // (flags show up in process listings).
+    let token = std::env::var("TETHER_TOKEN").ok();
+    let answer = http_post_json(endpoint, &body.to_string(), token.as_deref())
         .with_context(|| format!("asking {endpoint}"))?;
     let v: serde_json::Value =
         serde_json::from_str(&answer).context("the endpoint's answer is not JSON")?;
@@ -415,7 +422,7 @@ fn reset(device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitCode>
 
 /// A minimal HTTP/1.1 POST on loopback: the CLI needs no TLS stack or HTTP
 /// client crate for one request to a local endpoint.
-fn http_post_json(url: &str, body: &str) -> anyhow::Result<String> {
+fn http_post_json(url: &str, body: &str, token: Option<&str>) -> anyhow::Result<String> {
     use std::io::Read;
     let rest = url
         .strip_prefix("http://")
@@ -423,9 +430,12 @@ fn http_post_json(url: &str, body: &str) -> anyhow::Result<String> {
     let (host, path) = rest.split_once('/').map_or((rest, ""), |(h, p)| (h, p));
     let mut stream = std::net::TcpStream::connect(host)?;
     stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )?;
     let mut raw = String::new();
@@ -466,6 +476,33 @@ fn serve(
             return Ok(ExitCode::from(2));
         }
     };
+    let origin = config_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("(built-in)"));
+    let auth = match config::authenticator(&loaded, &origin) {
+        Ok(a) => a,
+        Err(defects) => {
+            print_defects(&defects);
+            return Ok(ExitCode::from(2));
+        }
+    };
+    // Over stdio the caller is established once, from the launching
+    // environment: a missing or wrong token refuses start-up (fail closed).
+    let stdio_principal = if stdio {
+        let token = std::env::var("TETHER_TOKEN").ok();
+        match auth.authenticate(token.as_deref()) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!(
+                    "tether: {} ({}): set TETHER_TOKEN to this caller's token",
+                    e.message, e.code
+                );
+                return Ok(ExitCode::from(2));
+            }
+        }
+    } else {
+        None
+    };
     let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
     let drivers = tether_drivers::build_all_with(
         cell.devices.iter().map(|d| &d.manifest),
@@ -505,7 +542,7 @@ fn serve(
             eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
             tether_server::stdio::serve(
                 kernel,
-                Principal::local_agent(),
+                stdio_principal.unwrap_or_else(Principal::local_agent),
                 tokio::io::stdin(),
                 tokio::io::stdout(),
             )
@@ -525,7 +562,7 @@ fn serve(
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        tether_server::http::serve(kernel, listener, shutdown).await?;
+        tether_server::http::serve(kernel, auth, listener, shutdown).await?;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -90,7 +90,7 @@ fn main() {
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(tether_server::http::serve(kernel, listener, std::future::pending()));
+        tokio::spawn(tether_server::http::serve(kernel, tether_server::auth::Authenticator::open(), listener, std::future::pending()));
         let mut c = Client::connect(addr).await;
         let sid = c.call("mhs.session.open", json!({})).await["result"]["session_id"].as_str().expect("sid").to_owned();
         let stop = Arc::new(AtomicBool::new(false));

@@ -3,28 +3,35 @@
 //! Each request runs on its own task, so an e-stop is served while a long
 //! motion is in flight on another connection.
 
+use crate::auth::{bearer, Authenticator};
 use crate::rpc::{error_response, handle_text};
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use tether_core::Code;
-use tether_kernel::{Kernel, Principal};
+use tether_kernel::Kernel;
 
 #[derive(Clone)]
 struct AppState {
     kernel: Kernel,
+    auth: Arc<Authenticator>,
 }
 
 /// The router (exposed for in-process tests).
-pub fn router(kernel: Kernel) -> Router {
+pub fn router(kernel: Kernel, auth: Authenticator) -> Router {
     Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(healthz))
-        .with_state(AppState { kernel })
+        .with_state(AppState {
+            kernel,
+            auth: Arc::new(auth),
+        })
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {
@@ -36,7 +43,21 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
         .into_response()
 }
 
-async fn rpc(State(state): State<AppState>, body: Body) -> Response {
+async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    // With principals configured every request, the e-stop included, needs a
+    // valid token; it is refused before the body is even read.
+    let token = bearer(
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let principal = match state.auth.authenticate(token) {
+        Ok(p) => p,
+        Err(e) => {
+            let body = error_response(Value::Null, e.code, &e.message, e.details);
+            return json_response(StatusCode::UNAUTHORIZED, &body);
+        }
+    };
     let bytes = match to_bytes(body, crate::REQUEST_BYTES_MAX).await {
         Ok(b) => b,
         Err(_) => {
@@ -49,7 +70,6 @@ async fn rpc(State(state): State<AppState>, body: Body) -> Response {
             return json_response(StatusCode::PAYLOAD_TOO_LARGE, &e);
         }
     };
-    let principal = Principal::local_agent();
     match handle_text(&state.kernel, &principal, &bytes).await {
         Some(v) => json_response(StatusCode::OK, &v),
         None => StatusCode::NO_CONTENT.into_response(),
@@ -69,10 +89,11 @@ async fn healthz(State(state): State<AppState>) -> Response {
 /// The listener's I/O error.
 pub async fn serve(
     kernel: Kernel,
+    auth: Authenticator,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(kernel))
+    axum::serve(listener, router(kernel, auth))
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -11,6 +11,7 @@
 //! **Depends on:** tether-core, tether-kernel. **Depended on by:** tether-cli.
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod http;
 pub mod rpc;
 pub mod stdio;

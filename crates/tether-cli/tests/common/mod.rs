@@ -337,6 +337,16 @@ impl HttpResponse {
 /// is written on its own thread while the answer is read, so a server that
 /// answers early (413) and closes is still heard.
 pub fn http_post(addr: SocketAddr, body: &[u8], timeout: Duration) -> HttpResponse {
+    http_post_with(addr, body, timeout, "")
+}
+
+/// `http_post` with extra header lines (each ending in `\r\n`).
+pub fn http_post_with(
+    addr: SocketAddr,
+    body: &[u8],
+    timeout: Duration,
+    headers: &str,
+) -> HttpResponse {
     let deadline = Instant::now() + timeout;
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     stream
@@ -345,7 +355,7 @@ pub fn http_post(addr: SocketAddr, body: &[u8], timeout: Duration) -> HttpRespon
     stream
         .set_write_timeout(Some(timeout))
         .expect("write timeout");
-    let mut request = format!("POST /rpc HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
+    let mut request = format!("POST /rpc HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
     request.extend_from_slice(body);
     let mut w = stream.try_clone().expect("clone stream");
     let writer = std::thread::spawn(move || {
