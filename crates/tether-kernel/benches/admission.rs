@@ -44,6 +44,7 @@ fn request(session: &str, t: f64, id: Option<String>) -> CommandRequest {
         command_id: id,
         deadline: None,
         expected_revision: None,
+        safe_place_grant: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn main() {
                         command_id: None,
                         deadline: None,
                         expected_revision: None,
+                        safe_place_grant: None,
                     };
                     if let Ok(r) = k.command(&p, req).await {
                         if r["status"] == "completed" {

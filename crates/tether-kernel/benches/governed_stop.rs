@@ -52,6 +52,7 @@ fn main() {
             command_id: None,
             deadline: None,
             expected_revision: None,
+            safe_place_grant: None,
         };
         let k2 = k.clone();
         let p2 = p.clone();

@@ -48,6 +48,7 @@ pub(crate) struct Ctx {
     pub t0: Instant,
     pub deadline: Instant,
     pub expected_revision: Option<u64>,
+    pub safe_place_grant: Option<String>,
 }
 
 enum Resolve {
@@ -490,6 +491,7 @@ impl Kernel {
                 t0,
                 deadline,
                 expected_revision: None,
+                safe_place_grant: None,
             }
             .pre_binding_refusal(code, message, details, &req)
         };
@@ -562,6 +564,7 @@ impl Kernel {
             t0,
             deadline,
             expected_revision: req.expected_revision,
+            safe_place_grant: req.safe_place_grant.clone(),
         };
         // Step 4: idempotency.
         match self.begin_idempotent(&ctx.command_id, &ctx.key) {
@@ -649,6 +652,7 @@ impl Kernel {
             t0: now,
             deadline: now,
             expected_revision: req.expected_revision,
+            safe_place_grant: req.safe_place_grant.clone(),
         };
         match self.admit(&ctx) {
             Ok(admitted) => {
@@ -702,9 +706,12 @@ impl Kernel {
     fn admit(&self, ctx: &Ctx) -> Result<Admitted, Refusal> {
         let dev = &self.inner.devices[ctx.device];
         let (b, rt) = dev.binding(ctx.binding);
-        // Step 5: latch.
+        // Step 5: latch (an operator's safe-place grant lets its one exact command through).
         if Kernel::is_effectful(b) && dev.latched.load(Ordering::SeqCst) {
-            return Err(latched_refusal(dev));
+            match &ctx.safe_place_grant {
+                Some(g) => self.check_grant_for(g, ctx.device, ctx.binding, &ctx.digest, false)?,
+                None => return Err(latched_refusal(dev)),
+            }
         }
         // Step 6: mode.
         if dev.spec.manifest.mode == Mode::Replay && !b.is_read() {
@@ -1112,7 +1119,10 @@ impl Kernel {
         // The latch is checked again atomically with registration, so a command
         // that passed step 5 before an e-stop never runs after it.
         if Kernel::is_effectful(b) && dev.latched.load(Ordering::SeqCst) {
-            return Err(latched_refusal(dev));
+            match &ctx.safe_place_grant {
+                Some(g) => self.check_grant_for(g, ctx.device, ctx.binding, &ctx.digest, true)?,
+                None => return Err(latched_refusal(dev)),
+            }
         }
         ops.insert(
             op_id.to_owned(),

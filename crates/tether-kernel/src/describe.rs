@@ -21,6 +21,7 @@ pub const METHODS: &[&str] = &[
     "mhs.operations.cancel",
     "mhs.safety.estop",
     "mhs.safety.reset",
+    "mhs.safety.grant_safe_place",
     "mhs.safety.status",
 ];
 

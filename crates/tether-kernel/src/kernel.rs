@@ -184,6 +184,8 @@ pub(crate) struct Inner {
     pub idem: Mutex<Index>,
     pub budgets: Mutex<Ledger>,
     pub ops: Mutex<HashMap<String, RunningOp>>,
+    /// Outstanding single-use safe-place grants.
+    pub grants: Mutex<crate::grants::Grants>,
     /// Recently finished operations (bounded), for `mhs.operations.get`.
     pub finished_ops: Mutex<crate::operations::Finished>,
     pub started: Instant,
@@ -369,6 +371,7 @@ impl Kernel {
                 budgets: Mutex::new(ledger),
                 ops: Mutex::new(HashMap::new()),
                 finished_ops: Mutex::new(crate::operations::Finished::default()),
+                grants: Mutex::new(crate::grants::Grants::default()),
                 started: Instant::now(),
                 started_ms: now,
                 stop_watch: crate::governed::WatchHealth::default(),

@@ -25,6 +25,7 @@ mod describe;
 pub mod driver;
 mod evidence;
 pub mod governed;
+mod grants;
 mod idempotency;
 mod kernel;
 pub mod lease;
@@ -93,6 +94,9 @@ pub struct CommandRequest {
     pub deadline: Option<Duration>,
     /// Optimistic concurrency.
     pub expected_revision: Option<u64>,
+    /// A single-use safe-place grant from an operator: lets this exact
+    /// safe-place command (e.g. park) run while the device is latched.
+    pub safe_place_grant: Option<String>,
 }
 
 /// `mhs.resource.read`.

@@ -187,6 +187,7 @@ impl Kernel {
             t0,
             deadline: t0 + budget,
             expected_revision: None,
+            safe_place_grant: None,
         };
         let (status, output, error) = match (&path, &durable) {
             (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
@@ -343,6 +344,7 @@ impl Kernel {
             t0: Instant::now(),
             deadline: Instant::now(),
             expected_revision: None,
+            safe_place_grant: None,
         };
         if let Some(refusal) = self.reset_refusal(d, p) {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);

@@ -182,6 +182,7 @@ impl Rig {
             command_id: None,
             deadline: None,
             expected_revision: None,
+            safe_place_grant: None,
         }
     }
     async fn run(&self, req: CommandRequest) -> Value {

@@ -118,6 +118,7 @@ impl Rig {
             command_id: id.map(str::to_owned),
             deadline: None,
             expected_revision: None,
+            safe_place_grant: None,
         }
     }
     async fn run(&self, r: CommandRequest) -> Value {

@@ -29,6 +29,7 @@ fn long_move(sid: &str) -> CommandRequest {
         command_id: None,
         deadline: None,
         expected_revision: None,
+        safe_place_grant: None,
     }
 }
 

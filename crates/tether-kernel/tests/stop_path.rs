@@ -167,6 +167,7 @@ async fn safe_state_actions_run_after_the_native_stop_and_stay_callable_while_la
         command_id: None,
         deadline: None,
         expected_revision: None,
+        safe_place_grant: None,
     };
     assert_eq!(
         k.command(&p, cmd("x-cap.test.hold.v1"))

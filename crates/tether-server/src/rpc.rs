@@ -364,6 +364,19 @@ struct CommandParams {
     expected_revision: Option<u64>,
     #[serde(default)]
     deadline_ms: Option<u64>,
+    #[serde(default)]
+    safe_place_grant: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantParams {
+    device_id: String,
+    capability_id: String,
+    #[serde(default)]
+    resource: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -534,6 +547,7 @@ async fn dispatch(
                 command_id: q.command_id,
                 deadline: deadline(q.deadline_ms)?,
                 expected_revision: q.expected_revision,
+                safe_place_grant: None,
             };
             kernel.write(p, req).await
         }
@@ -559,6 +573,7 @@ async fn dispatch(
                 command_id: q.command_id,
                 deadline: deadline(q.deadline_ms)?,
                 expected_revision: q.expected_revision,
+                safe_place_grant: q.safe_place_grant,
             };
             kernel.command(p, req).await
         }
@@ -583,6 +598,16 @@ async fn dispatch(
         "mhs.operations.cancel" => {
             let q: OperationParams = parse(params)?;
             kernel.operation_cancel(&q.operation_id)
+        }
+        "mhs.safety.grant_safe_place" => {
+            let q: GrantParams = parse(params)?;
+            kernel.grant_safe_place(
+                p,
+                &q.device_id,
+                &q.capability_id,
+                q.resource.as_deref(),
+                &q.input.unwrap_or_else(|| json!({})),
+            )
         }
         "mhs.safety.status" => {
             let q: StatusParams = parse(params)?;
