@@ -45,6 +45,7 @@ fn request(session: &str, t: f64, id: Option<String>) -> CommandRequest {
         deadline: None,
         expected_revision: None,
         safe_place_grant: None,
+        permit_id: None,
     }
 }
 

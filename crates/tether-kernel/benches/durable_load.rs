@@ -63,6 +63,7 @@ fn main() {
                         deadline: None,
                         expected_revision: None,
                         safe_place_grant: None,
+                        permit_id: None,
                     };
                     if let Ok(r) = k.command(&p, req).await {
                         if r["status"] == "completed" {

@@ -53,6 +53,7 @@ fn main() {
             deadline: None,
             expected_revision: None,
             safe_place_grant: None,
+            permit_id: None,
         };
         let k2 = k.clone();
         let p2 = p.clone();

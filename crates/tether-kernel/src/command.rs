@@ -49,6 +49,7 @@ pub(crate) struct Ctx {
     pub deadline: Instant,
     pub expected_revision: Option<u64>,
     pub safe_place_grant: Option<String>,
+    pub permit_id: Option<String>,
 }
 
 enum Resolve {
@@ -244,6 +245,7 @@ impl Kernel {
     /// A session ended (closed or expired): cancel its operations and run the
     /// safe-state actions of every device it was driving.
     pub(crate) async fn end_session(&self, sid: &str, why: &str) -> Vec<String> {
+        self.release_session_permits(sid);
         let cancelled = self.cancel_session_ops(sid);
         let mut devices: Vec<usize> = cancelled.iter().map(|(_, d)| *d).collect();
         devices.sort_unstable();
@@ -291,7 +293,7 @@ impl Kernel {
     }
 
     /// Step 2: the session is live, owned by the caller, and grants the binding.
-    fn check_grant(
+    pub(crate) fn check_grant(
         &self,
         p: &Principal,
         sid: Option<&str>,
@@ -492,6 +494,7 @@ impl Kernel {
                 deadline,
                 expected_revision: None,
                 safe_place_grant: None,
+                permit_id: None,
             }
             .pre_binding_refusal(code, message, details, &req)
         };
@@ -565,6 +568,7 @@ impl Kernel {
             deadline,
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant.clone(),
+            permit_id: req.permit_id.clone(),
         };
         // Step 4: idempotency.
         match self.begin_idempotent(&ctx.command_id, &ctx.key) {
@@ -653,6 +657,7 @@ impl Kernel {
             deadline: now,
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant.clone(),
+            permit_id: req.permit_id.clone(),
         };
         match self.admit(&ctx) {
             Ok(admitted) => {
@@ -759,7 +764,20 @@ impl Kernel {
         }
         // Step 9: remaining schema bounds.
         check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?;
-        // Step 10: policy (allow until the policy layer lands), permits, budgets.
+        // Step 10: policy (allow until the policy layer lands), then the permit
+        // bound to the exact input digest, then budgets.
+        let needs_permit = crate::permits::permit_required(dev.spec.manifest.mode.is_physical(), b);
+        match &ctx.permit_id {
+            Some(id) => self.check_permit(id, ctx, false)?,
+            None if needs_permit => {
+                return Err(Refusal::new(
+                    Code::SafetyApprovalRequired,
+                    "a hardware command at R2 or above needs a permit from an approval route",
+                    json!({"reason": "permit_required", "risk": b.risk.as_str()}),
+                ))
+            }
+            None => {}
+        }
         let reservations = if Kernel::is_effectful(b) {
             self.reserve_budgets(ctx, b)?
         } else {
@@ -1063,6 +1081,10 @@ impl Kernel {
         refusal: Refusal,
     ) -> Value {
         self.release_budgets(reservations);
+        if let Some(id) = &ctx.permit_id {
+            // Refused before dispatch: the permit is given back (a revoked one is gone).
+            self.give_back_permit(id);
+        }
         self.abort_idempotent(&ctx.command_id);
         self.reject_binding(ctx, refusal).await
     }
@@ -1123,6 +1145,9 @@ impl Kernel {
                 Some(g) => self.check_grant_for(g, ctx.device, ctx.binding, &ctx.digest, true)?,
                 None => return Err(latched_refusal(dev)),
             }
+        }
+        if let Some(id) = &ctx.permit_id {
+            self.check_permit(id, ctx, true)?;
         }
         ops.insert(
             op_id.to_owned(),

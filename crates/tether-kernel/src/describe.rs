@@ -22,6 +22,7 @@ pub const METHODS: &[&str] = &[
     "mhs.safety.estop",
     "mhs.safety.reset",
     "mhs.safety.grant_safe_place",
+    "mhs.safety.permit",
     "mhs.safety.status",
 ];
 

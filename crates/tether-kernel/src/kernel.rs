@@ -184,6 +184,8 @@ pub(crate) struct Inner {
     pub idem: Mutex<Index>,
     pub budgets: Mutex<Ledger>,
     pub ops: Mutex<HashMap<String, RunningOp>>,
+    /// Outstanding permits.
+    pub permits: Mutex<crate::permits::Permits>,
     /// Outstanding single-use safe-place grants.
     pub grants: Mutex<crate::grants::Grants>,
     /// Recently finished operations (bounded), for `mhs.operations.get`.
@@ -372,6 +374,7 @@ impl Kernel {
                 ops: Mutex::new(HashMap::new()),
                 finished_ops: Mutex::new(crate::operations::Finished::default()),
                 grants: Mutex::new(crate::grants::Grants::default()),
+                permits: Mutex::new(crate::permits::Permits::default()),
                 started: Instant::now(),
                 started_ms: now,
                 stop_watch: crate::governed::WatchHealth::default(),

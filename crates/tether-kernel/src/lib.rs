@@ -31,6 +31,7 @@ mod kernel;
 pub mod lease;
 pub mod loader;
 mod operations;
+mod permits;
 pub mod reference;
 mod safety;
 mod session;
@@ -97,6 +98,8 @@ pub struct CommandRequest {
     /// A single-use safe-place grant from an operator: lets this exact
     /// safe-place command (e.g. park) run while the device is latched.
     pub safe_place_grant: Option<String>,
+    /// A permit from `mhs.safety.permit`, bound to this exact command.
+    pub permit_id: Option<String>,
 }
 
 /// `mhs.resource.read`.

@@ -152,6 +152,7 @@ impl Kernel {
     ) -> DeviceStop {
         let dev = &self.inner.devices[d];
         let cancelled = self.cancel_device_ops(d, reason);
+        let revoked_permits = self.revoke_permits(d);
         let budget = Duration::from_millis(dev.estop_budget_ms());
         // Persist the latch before any driver I/O. The wait is bounded: a store
         // that cannot make it durable must never delay the stop path itself
@@ -160,7 +161,7 @@ impl Kernel {
         let latch_commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.estop".into(),
-                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled}),
+                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits}),
             }],
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),
@@ -188,6 +189,7 @@ impl Kernel {
             deadline: t0 + budget,
             expected_revision: None,
             safe_place_grant: None,
+            permit_id: None,
         };
         let (status, output, error) = match (&path, &durable) {
             (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
@@ -345,6 +347,7 @@ impl Kernel {
             deadline: Instant::now(),
             expected_revision: None,
             safe_place_grant: None,
+            permit_id: None,
         };
         if let Some(refusal) = self.reset_refusal(d, p) {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);

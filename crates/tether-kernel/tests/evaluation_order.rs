@@ -183,6 +183,7 @@ impl Rig {
             deadline: None,
             expected_revision: None,
             safe_place_grant: None,
+            permit_id: None,
         }
     }
     async fn run(&self, req: CommandRequest) -> Value {

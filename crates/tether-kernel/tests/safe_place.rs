@@ -40,6 +40,7 @@ fn park(sid: &str, grant: Option<&str>) -> CommandRequest {
         deadline: None,
         expected_revision: None,
         safe_place_grant: grant.map(str::to_owned),
+        permit_id: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn long_move(sid: &str) -> CommandRequest {
         deadline: None,
         expected_revision: None,
         safe_place_grant: None,
+        permit_id: None,
     }
 }
 

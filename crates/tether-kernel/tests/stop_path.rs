@@ -168,6 +168,7 @@ async fn safe_state_actions_run_after_the_native_stop_and_stay_callable_while_la
         deadline: None,
         expected_revision: None,
         safe_place_grant: None,
+        permit_id: None,
     };
     assert_eq!(
         k.command(&p, cmd("x-cap.test.hold.v1"))

@@ -366,6 +366,23 @@ struct CommandParams {
     deadline_ms: Option<u64>,
     #[serde(default)]
     safe_place_grant: Option<String>,
+    #[serde(default)]
+    permit_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PermitParams {
+    #[serde(default)]
+    session_id: Option<String>,
+    device_id: String,
+    capability_id: String,
+    #[serde(default)]
+    resource: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -548,6 +565,7 @@ async fn dispatch(
                 deadline: deadline(q.deadline_ms)?,
                 expected_revision: q.expected_revision,
                 safe_place_grant: None,
+                permit_id: None,
             };
             kernel.write(p, req).await
         }
@@ -574,6 +592,7 @@ async fn dispatch(
                 deadline: deadline(q.deadline_ms)?,
                 expected_revision: q.expected_revision,
                 safe_place_grant: q.safe_place_grant,
+                permit_id: q.permit_id,
             };
             kernel.command(p, req).await
         }
@@ -598,6 +617,22 @@ async fn dispatch(
         "mhs.operations.cancel" => {
             let q: OperationParams = parse(params)?;
             kernel.operation_cancel(&q.operation_id)
+        }
+        "mhs.safety.permit" => {
+            let q: PermitParams = parse(params)?;
+            let req = CommandRequest {
+                session_id: q.session_id,
+                device_id: q.device_id,
+                capability_id: q.capability_id,
+                resource: q.resource,
+                input: q.input.unwrap_or_else(|| json!({})),
+                command_id: None,
+                deadline: None,
+                expected_revision: None,
+                safe_place_grant: None,
+                permit_id: None,
+            };
+            kernel.permit(p, &req, q.ttl_ms).await
         }
         "mhs.safety.grant_safe_place" => {
             let q: GrantParams = parse(params)?;

@@ -1,0 +1,218 @@
+//! Permits: single-use, bound to the exact input, binding, session and
+//! principal; given back when the command is refused before dispatch;
+//! revoked by an e-stop; required (and only from an approval route) for
+//! hardware commands at R2 and above.
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tether_kernel::loader::{load, ManifestSource};
+use tether_kernel::{
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, KernelConfig,
+    Principal, ResetRequest, SessionOpen, Signal,
+};
+use tether_store::MemoryStore;
+
+fn manifest(mode: &str) -> String {
+    format!(
+        r#"
+device_id = "mixer-1"
+mode = "{mode}"
+risk_class = "R2"
+driver = "test"
+fidelity = {{ kind = "simulated", notes = "scripted" }}
+
+[[resources]]
+id = "main"
+state_schema = {{ type = "object", properties = {{ rpm = {{ type = "number", readOnly = true, "x-mhs-unit" = "rpm" }} }} }}
+
+[[bindings]]
+capability_id = "x-cap.test.mix.v1"
+resource = "main"
+target = "mix"
+risk = "R2"
+input_schema = {{ type = "object", additionalProperties = false, required = ["rpm"], properties = {{ rpm = {{ type = "number", "x-mhs-unit" = "rpm" }} }} }}
+output_schema = {{ type = "object" }}
+limits.rpm = {{ min = 0, max = 500, unit = "rpm", source = "operator" }}
+"#
+    )
+}
+
+struct Mixer;
+
+impl Driver for Mixer {
+    fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
+        Ok(json!({"rpm": 0}))
+    }
+    fn call(
+        &self,
+        _call: Authorized,
+        _cancel: CancelToken,
+    ) -> BoxFuture<'_, Result<Value, Signal>> {
+        Box::pin(async { Ok(json!({})) })
+    }
+    fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
+        Ok(())
+    }
+}
+
+async fn rig(mode: &str) -> (Kernel, Principal, String) {
+    let cell = load(
+        &[ManifestSource {
+            origin: "mixer-1.toml".into(),
+            text: manifest(mode),
+        }],
+        None,
+    )
+    .expect("loads");
+    let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
+    drivers.insert("mixer-1".into(), Arc::new(Mixer));
+    let k = Kernel::new(
+        KernelConfig::standard("t"),
+        cell,
+        drivers,
+        Arc::new(MemoryStore::new()),
+    )
+    .expect("kernel");
+    let p = Principal::local_agent();
+    let sid = k
+        .session_open(&p, SessionOpen::default())
+        .await
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+    (k, p, sid)
+}
+
+fn mix(sid: &str, rpm: f64, permit: Option<&str>) -> CommandRequest {
+    CommandRequest {
+        session_id: Some(sid.into()),
+        device_id: "mixer-1".into(),
+        capability_id: "x-cap.test.mix.v1".into(),
+        resource: None,
+        input: json!({"rpm": rpm}),
+        command_id: None,
+        deadline: None,
+        expected_revision: None,
+        safe_place_grant: None,
+        permit_id: permit.map(str::to_owned),
+    }
+}
+
+#[tokio::test]
+async fn a_permit_is_single_use_and_bound_to_the_exact_input_session_and_binding() {
+    let (k, p, sid) = rig("simulated").await;
+    let permit = k
+        .permit(&p, &mix(&sid, 100.0, None), None)
+        .await
+        .expect("permit");
+    let id = permit["permit_id"].as_str().expect("id").to_owned();
+    let other = k
+        .command(&p, mix(&sid, 101.0, Some(&id)))
+        .await
+        .expect("receipt");
+    assert_eq!(other["error"]["mhs_code"], "MHS.SAFETY.PERMIT_INVALID");
+    assert_eq!(other["error"]["details"]["reason"], "other_input");
+    let sid2 = k
+        .session_open(&p, SessionOpen::default())
+        .await
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("sid")
+        .to_owned();
+    let wrong_session = k
+        .command(&p, mix(&sid2, 100.0, Some(&id)))
+        .await
+        .expect("receipt");
+    assert_eq!(
+        wrong_session["error"]["details"]["reason"],
+        "other_session_or_principal"
+    );
+    assert_eq!(
+        k.command(&p, mix(&sid, 100.0, Some(&id)))
+            .await
+            .expect("receipt")["status"],
+        "completed"
+    );
+    let reused = k
+        .command(&p, mix(&sid, 100.0, Some(&id)))
+        .await
+        .expect("receipt");
+    assert_eq!(reused["error"]["details"]["reason"], "used");
+}
+
+#[tokio::test]
+async fn a_permit_consumed_by_a_command_refused_before_dispatch_is_given_back() {
+    let (k, p, sid) = rig("simulated").await;
+    let id = k
+        .permit(&p, &mix(&sid, 100.0, None), None)
+        .await
+        .expect("permit")["permit_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let mut stale = mix(&sid, 100.0, Some(&id));
+    stale.expected_revision = Some(42);
+    let refused = k.command(&p, stale).await.expect("receipt");
+    assert_eq!(refused["error"]["mhs_code"], "MHS.CONFLICT.REVISION");
+    assert_eq!(
+        k.command(&p, mix(&sid, 100.0, Some(&id)))
+            .await
+            .expect("receipt")["status"],
+        "completed",
+        "the permit was given back"
+    );
+}
+
+#[tokio::test]
+async fn an_estop_revokes_the_devices_permits() {
+    let (k, p, sid) = rig("simulated").await;
+    let id = k
+        .permit(&p, &mix(&sid, 100.0, None), None)
+        .await
+        .expect("permit")["permit_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    k.estop(EstopRequest {
+        device_ids: vec!["mixer-1".into()],
+        reason: "t".into(),
+        ..EstopRequest::default()
+    })
+    .await;
+    k.reset(
+        &p,
+        ResetRequest {
+            session_id: None,
+            device_id: "mixer-1".into(),
+            reason: "t".into(),
+        },
+    )
+    .await
+    .expect("reset");
+    let r = k
+        .command(&p, mix(&sid, 100.0, Some(&id)))
+        .await
+        .expect("receipt");
+    assert_eq!(r["error"]["details"]["reason"], "unknown", "{r}");
+}
+
+#[tokio::test]
+async fn hardware_at_r2_needs_a_permit_that_the_requester_cannot_grant_itself() {
+    let (k, p, sid) = rig("hardware").await;
+    let r = k
+        .command(&p, mix(&sid, 100.0, None))
+        .await
+        .expect("receipt");
+    assert_eq!(
+        r["error"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
+        "{r}"
+    );
+    let e = k
+        .permit(&p, &mix(&sid, 100.0, None), None)
+        .await
+        .expect_err("no self-granted permit");
+    assert_eq!(e.code.as_str(), "MHS.SAFETY.APPROVAL_REQUIRED");
+    assert_eq!(e.details["reason"], "approval_route_required");
+}
