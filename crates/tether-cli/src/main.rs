@@ -407,6 +407,23 @@ fn reset(device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitCode>
     // The operator's token comes from the environment, never from a flag
     // (flags show up in process listings).
     let token = std::env::var("TETHER_TOKEN").ok();
+    // A hardware latch is released by a person at a terminal, never by a
+    // script a model could run: check the device's mode first.
+    let get = serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "mhs.devices.get", "params": {"device_id": device}});
+    let about = http_post_json(endpoint, &get.to_string(), token.as_deref())
+        .with_context(|| format!("asking {endpoint}"))?;
+    let about: serde_json::Value =
+        serde_json::from_str(&about).context("the endpoint's answer is not JSON")?;
+    let mode = about["result"]["device"]["mode"]
+        .as_str()
+        .unwrap_or("unknown")
+        .to_owned();
+    if matches!(mode.as_str(), "hardware" | "hybrid" | "unknown")
+        && !std::io::IsTerminal::is_terminal(&std::io::stdin())
+    {
+        eprintln!("tether: resetting a {mode} device needs an operator at an interactive terminal (and the operator's TETHER_TOKEN)");
+        return Ok(ExitCode::from(2));
+    }
     let answer = http_post_json(endpoint, &body.to_string(), token.as_deref())
         .with_context(|| format!("asking {endpoint}"))?;
     let v: serde_json::Value =

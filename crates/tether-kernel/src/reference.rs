@@ -50,10 +50,11 @@ pub fn reference_json(spec: &DeviceSpec) -> Value {
                 Some(c) if !read_only => {
                     let limits = c.limits.to_json();
                     let limit = limits.get("limits").and_then(|l| l.get(name)).cloned();
-                    let operator_required = limits
-                        .get("operator_required")
-                        .and_then(Value::as_array)
-                        .is_some_and(|a| a.iter().any(|p| p.as_str() == Some(name)));
+                    // Unset: deferred to the operator and no overlay filled it.
+                    let operator_required = c
+                        .limits
+                        .rule(name)
+                        .is_some_and(|r| r.is_operator_required() && !r.is_filled());
                     let mut e = entry;
                     e["limit"] = limit.unwrap_or(Value::Null);
                     e["operator_required"] = json!(operator_required);
@@ -85,9 +86,8 @@ pub fn reference_json(spec: &DeviceSpec) -> Value {
         .bindings
         .iter()
         .flat_map(|b| {
-            let l = b.limits.to_json();
-            let paths = l.get("operator_required").and_then(Value::as_array).cloned().unwrap_or_default();
-            paths.into_iter().map(move |p| json!({"capability_id": b.capability_id, "resource": b.resource, "path": p}))
+            let unset: Vec<String> = b.limits.rules().iter().filter(|r| r.is_operator_required() && !r.is_filled()).map(|r| r.path().to_string()).collect();
+            unset.into_iter().map(move |p| json!({"capability_id": b.capability_id, "resource": b.resource, "path": p}))
         })
         .collect();
     json!({
@@ -191,10 +191,10 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
             x["field"].as_str().unwrap_or("")
         );
         let limit = match x.get("limit").filter(|v| !v.is_null()) {
-            Some(l) => limit_line(&name, l),
-            None if x["operator_required"] == json!(true) => {
-                format!("`{name}` operator_required (no overlay filled it)")
+            _ if x["operator_required"] == json!(true) => {
+                format!("`{name}` operator_required: refused until an operator overlay fills it")
             }
+            Some(l) => limit_line(&name, l),
             None => format!("`{name}` no limit"),
         };
         let _ = writeln!(out, "- {limit}");
