@@ -151,6 +151,9 @@ pub struct EstopRequest {
     pub requested_by: Option<Principal>,
     /// The session the caller named, if any (to pick its single device).
     pub session_id: Option<String>,
+    /// The caller's deadline: the answer never comes later (the stop path
+    /// goes on in the background and records its own receipt).
+    pub deadline: Option<std::time::Duration>,
 }
 
 /// `mhs.safety.reset`.

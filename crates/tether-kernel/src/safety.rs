@@ -55,8 +55,62 @@ impl Kernel {
         if let Some(defect) = &req.envelope_defect {
             reason = format!("{reason} (request defect: {defect})");
         }
-        self.estop_devices(targets, &reason, req.requested_by, req.session_id, None)
-            .await
+        let Some(deadline) = req.deadline else {
+            return self
+                .estop_devices(targets, &reason, req.requested_by, req.session_id, None)
+                .await;
+        };
+        // Latch now, so whatever the deadline the answer is true about it; the
+        // stop path then runs in its own task.
+        let t0 = Instant::now();
+        self.latch_now(&targets, &reason, t0);
+        let kernel = self.clone();
+        let devices = targets.clone();
+        let mut task = tokio::spawn(async move {
+            kernel
+                .estop_devices(devices, &reason, req.requested_by, req.session_id, None)
+                .await
+        });
+        match tokio::time::timeout(deadline, &mut task).await {
+            Ok(Ok(answer)) => answer,
+            _ => json!({
+                "receipt_id": ids::mint("rcpt_"),
+                "capability_id": INTERNAL_ESTOP,
+                "device_ids": targets.iter().map(|&d| self.inner.devices[d].id()).collect::<Vec<_>>(),
+                "status": "failed",
+                "output": {"latched": true},
+                "error": {"mhs_code": Code::SafetySafeStateUnreached.as_str(), "message": "the caller's deadline passed before the stop path confirmed; the latch is set and the stop path goes on", "details": {"reason": "timeout", "latched": true, "stop_path": "running"}, "retryable": true},
+                "latch_latency_ms": 0.0,
+                "latency_ms": t0.elapsed().as_secs_f64() * 1000.0,
+                "safe_state_achieved": false,
+                "not_certified": true,
+            }),
+        }
+    }
+
+    /// Sets the in-memory latch of every target (idempotent); returns the
+    /// latch latency of each, measured from `t0`.
+    fn latch_now(&self, targets: &[usize], reason: &str, t0: Instant) -> Vec<Duration> {
+        let mut latch_latency = Vec::with_capacity(targets.len());
+        for &d in targets {
+            let dev = &self.inner.devices[d];
+            let was = dev.latched.swap(true, Ordering::SeqCst);
+            if let Ok(mut l) = dev.latch.lock() {
+                if !was {
+                    // Strictly newer than any event this process applied, so
+                    // every process orders this trip after it.
+                    let since = now_ms().max(dev.latch_event_ms.load(Ordering::SeqCst) + 1);
+                    dev.latch_event_ms.store(since, Ordering::SeqCst);
+                    *l = LatchInfo {
+                        since_ms: since,
+                        reason: reason.to_owned(),
+                        durable: false,
+                    };
+                }
+            }
+            latch_latency.push(t0.elapsed());
+        }
+        latch_latency
     }
 
     fn session_single_device(&self, sid: Option<&str>) -> Option<usize> {
@@ -83,25 +137,7 @@ impl Kernel {
     ) -> Value {
         let t0 = Instant::now();
         // Latch first, every device, before any driver I/O.
-        let mut latch_latency = Vec::new();
-        for &d in &targets {
-            let dev = &self.inner.devices[d];
-            let was = dev.latched.swap(true, Ordering::SeqCst);
-            if let Ok(mut l) = dev.latch.lock() {
-                if !was {
-                    // Strictly newer than any event this process applied, so
-                    // every process orders this trip after it.
-                    let since = now_ms().max(dev.latch_event_ms.load(Ordering::SeqCst) + 1);
-                    dev.latch_event_ms.store(since, Ordering::SeqCst);
-                    *l = LatchInfo {
-                        since_ms: since,
-                        reason: reason.to_owned(),
-                        durable: false,
-                    };
-                }
-            }
-            latch_latency.push(t0.elapsed());
-        }
+        let latch_latency = self.latch_now(&targets, reason, t0);
         let stops = targets.iter().zip(latch_latency).map(|(&d, lat)| {
             self.stop_one(
                 d,

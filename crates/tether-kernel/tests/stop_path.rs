@@ -276,3 +276,28 @@ async fn a_hardware_device_without_any_stop_path_never_reports_a_safe_state() {
         true
     );
 }
+
+#[tokio::test]
+async fn the_estop_answer_never_comes_after_the_callers_deadline() {
+    let (k, driver) = kernel(&manifest("hardware", true, ""));
+    driver.estop_sleep_ms.store(250, Ordering::SeqCst);
+    let t0 = Instant::now();
+    let r = k
+        .estop(EstopRequest {
+            deadline: Some(Duration::from_millis(40)),
+            ..estop()
+        })
+        .await;
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(200), "answered after {took:?}");
+    assert_eq!(
+        r["error"]["mhs_code"], "MHS.SAFETY.SAFE_STATE_UNREACHED",
+        "{r}"
+    );
+    assert_eq!(r["error"]["details"]["stop_path"], "running");
+    assert_eq!(
+        k.safety_status(Some("press-1")).expect("status")["devices"][0]["latched"],
+        true,
+        "latched before answering"
+    );
+}

@@ -181,6 +181,7 @@ async fn serve_malformed_estop(
             envelope_defect: Some(defect.to_owned()),
             requested_by: Some(principal.clone()),
             session_id: None,
+            deadline: None,
         })
         .await
 }
@@ -464,6 +465,12 @@ fn estop_request(
             envelope_defect: None,
             requested_by: Some(principal.clone()),
             session_id,
+            // An invalid deadline is ignored (the device's budget applies).
+            deadline: params
+                .get("deadline_ms")
+                .and_then(Value::as_u64)
+                .filter(|ms| (1..=DEADLINE_MS_MAX).contains(ms))
+                .map(Duration::from_millis),
         },
         error,
     )
