@@ -38,6 +38,8 @@ estop = { latency_ms = 300, native = true }
 /// A driver that can break the store from inside a call (between the durable
 /// start and the finish).
 struct Cnc {
+    /// When set, a call runs until cancelled.
+    slow: AtomicBool,
     calls: AtomicUsize,
     estops: AtomicUsize,
     break_store_during_call: AtomicBool,
@@ -48,9 +50,15 @@ impl Driver for Cnc {
     fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
         Ok(json!({"rpm": 0}))
     }
-    fn call(&self, call: Authorized, _cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.slow.load(Ordering::SeqCst) {
+                tokio::select! {
+                    () = cancel.cancelled() => return Err(Signal::Cancelled),
+                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                }
+            }
             if self.break_store_during_call.load(Ordering::SeqCst) {
                 self.store.fail_writes.store(true, Ordering::SeqCst);
             }
@@ -82,6 +90,7 @@ async fn rig_on(inner: Arc<dyn Store>) -> Rig {
     .expect("loads");
     let store = Arc::new(FaultyStore::new(inner));
     let cnc = Arc::new(Cnc {
+        slow: AtomicBool::new(false),
         calls: AtomicUsize::new(0),
         estops: AtomicUsize::new(0),
         break_store_during_call: AtomicBool::new(false),
@@ -265,4 +274,36 @@ async fn start_up_records_crashed_finishes_for_orphaned_physical_calls() {
         .run(rig.spin(100.0, Some("01ORPHAN000000000000000001")))
         .await;
     assert_ne!(again["status"], "completed", "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_stop_aborts_in_flight_physical_calls_and_refuses_new_ones() {
+    let rig = Arc::new(rig_on(Arc::new(MemoryStore::new())).await);
+    let _watcher = rig
+        .k
+        .start_stop_watcher(tokio::runtime::Handle::current())
+        .expect("watcher");
+    rig.cnc.slow.store(true, Ordering::SeqCst);
+    let running = {
+        let rig = rig.clone();
+        tokio::spawn(async move { rig.run(rig.spin(100.0, None)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.store.fail_reads.store(true, Ordering::SeqCst);
+    let r = tokio::time::timeout(Duration::from_secs(2), running)
+        .await
+        .expect("aborted promptly")
+        .expect("join");
+    assert_eq!(r["status"], "cancelled", "{r}");
+    let refused = rig.run(rig.spin(50.0, None)).await;
+    assert_eq!(
+        refused["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED",
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["details"]["reason"], "stop_unreadable");
+    // Readable again: physical calls may start.
+    rig.store.fail_reads.store(false, Ordering::SeqCst);
+    rig.cnc.slow.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(rig.run(rig.spin(50.0, None)).await["status"], "completed");
 }
