@@ -134,6 +134,9 @@ pub(crate) struct DeviceRt {
     pub stops_in_flight: std::sync::atomic::AtomicUsize,
     /// Whether the current latch's stop path has succeeded.
     pub stop_confirmed: AtomicBool,
+    /// A stop path ran on this endpoint for a device that declares a terminal
+    /// stop: its resets are refused for the rest of this endpoint's life.
+    pub terminated: AtomicBool,
     /// Resources held because a physical call's finish could not be recorded:
     /// resource -> command ids awaiting reconciliation.
     pub unreconciled: Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
@@ -329,6 +332,7 @@ impl Kernel {
                 latch_event_ms: AtomicU64::new(event_ms),
                 stops_in_flight: std::sync::atomic::AtomicUsize::new(0),
                 stop_confirmed: AtomicBool::new(false),
+                terminated: AtomicBool::new(false),
                 unreconciled: Mutex::new(std::collections::BTreeMap::new()),
                 revisions: revs,
                 lock: tokio::sync::Mutex::new(()),

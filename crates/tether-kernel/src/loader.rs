@@ -705,7 +705,7 @@ fn check_safety(ctx: &mut Ctx<'_>, m: &DeviceManifest, bindings: &[BindingSpec])
         ctx.defect("safety.estop", "a terminal stop excludes a re-enable");
     }
     if estop.terminal.is_some() {
-        let has_path = estop.native.unwrap_or(false)
+        let has_path = estop.native.unwrap_or(true)
             || bound(catalogue::ESTOP) > 0
             || m.safety
                 .safe_state

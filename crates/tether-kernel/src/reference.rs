@@ -99,7 +99,7 @@ pub fn reference_json(spec: &DeviceSpec) -> Value {
         "actions": actions,
         "bindings": spec.bindings.iter().map(binding_entry).collect::<Vec<_>>(),
         "safety": {
-            "estop": {"latency_ms": m.safety.estop.latency_ms.unwrap_or(1000), "native": m.safety.estop.native, "terminal": m.safety.estop.terminal, "reenable": m.safety.estop.reenable},
+            "estop": {"latency_ms": m.safety.estop.latency_ms.unwrap_or(1000), "native": m.safety.estop.native.unwrap_or(true), "terminal": m.safety.estop.terminal, "reenable": m.safety.estop.reenable},
             "safe_state": m.safety.safe_state.as_ref().map(|s| json!({"description": s.description, "achieved_by": s.achieved_by})),
             "interlocks": interlocks,
             "watchdog_ms": m.safety.watchdog_ms,

@@ -435,6 +435,13 @@ impl Kernel {
                 json!({"reason": "not_latched", "latched": false}),
             ));
         }
+        if dev.terminated.load(Ordering::SeqCst) {
+            return Some(Refusal::new(
+                Code::SafetyResetRefused,
+                "the device's stop cannot be undone without a new native session; restart the endpoint to recover",
+                json!({"reason": "terminal_estop", "terminal": dev.spec.manifest.safety.estop.terminal, "latched": true, "remediation": "restart the endpoint; an operator resets the restored latch"}),
+            ));
+        }
         // A trip made elsewhere that this process has not applied yet must not be
         // released by a reset that never saw it: read the shared stop first.
         match self.inner.store.latches() {
@@ -525,7 +532,7 @@ impl Kernel {
                     "mode": dev.spec.manifest.mode.as_str(),
                     "latched": latched,
                     "latch": if latched { json!({"since_ms": info.since_ms, "reason": info.reason, "durable": info.durable}) } else { Value::Null },
-                    "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched, "confirmed": latched && dev.stop_confirmed.load(Ordering::SeqCst)},
+                    "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched, "confirmed": latched && dev.stop_confirmed.load(Ordering::SeqCst), "terminated": dev.terminated.load(Ordering::SeqCst)},
                     "interlocks": interlocks,
                     "running_operations": self.running_on(d).into_iter().map(|(op, cap)| json!({"operation_id": op, "capability_id": cap})).collect::<Vec<_>>(),
                 })

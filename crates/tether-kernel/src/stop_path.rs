@@ -71,6 +71,10 @@ impl Kernel {
         let dev = &self.inner.devices[d];
         let m = &dev.spec.manifest;
         let budget = Duration::from_millis(dev.estop_budget_ms());
+        if m.safety.estop.terminal.is_some() {
+            // From the first stop path on, this endpoint never resets the device.
+            dev.terminated.store(true, Ordering::SeqCst);
+        }
         let native = m.safety.estop.native.unwrap_or(true);
         let actions: Vec<String> = m
             .safety

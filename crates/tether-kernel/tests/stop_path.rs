@@ -301,3 +301,20 @@ async fn the_estop_answer_never_comes_after_the_callers_deadline() {
         "latched before answering"
     );
 }
+
+#[tokio::test]
+async fn a_terminal_stop_refuses_every_later_reset_on_this_endpoint() {
+    let text = manifest("hardware", true, "").replace("estop = { latency_ms = 300, native = true }", "estop = { latency_ms = 300, native = true, terminal = \"the drive needs a power cycle after a stop\" }");
+    let (k, _driver) = kernel(&text);
+    k.estop(estop()).await;
+    let r = k.reset(&operator(), reset()).await.expect("reset");
+    assert_eq!(r["error"]["details"]["reason"], "terminal_estop", "{r}");
+    assert_eq!(
+        r["error"]["details"]["terminal"],
+        "the drive needs a power cycle after a stop"
+    );
+    assert_eq!(
+        k.safety_status(Some("press-1")).expect("status")["devices"][0]["estop"]["terminated"],
+        true
+    );
+}
