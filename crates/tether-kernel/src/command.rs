@@ -1749,7 +1749,7 @@ fn open_interlocks(dev: &DeviceRt, gating: &[usize]) -> Vec<Value> {
         .collect()
 }
 
-fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
+pub(crate) fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
     let gating = gating_interlocks(dev, b);
     if gating.is_empty() {
         return Ok(());

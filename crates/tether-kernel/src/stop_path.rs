@@ -194,6 +194,28 @@ impl Kernel {
                 });
             }
             for b in bindings {
+                // A safe-state action is exempt from the latch, never from its
+                // own limits and interlocks: a park gated by an open door does
+                // not move (the stop path fails, keeps the latch, and retries).
+                let input = json!({});
+                if let Err(v) = b.limits.check(&input) {
+                    return Err(StopFailure {
+                        reason: "action_failed",
+                        message: format!(
+                            "safe-state action `{cap}` refused by its limits at {}",
+                            v.first.path
+                        ),
+                    });
+                }
+                if let Err(r) = crate::command::check_interlocks(dev, b) {
+                    return Err(StopFailure {
+                        reason: "action_failed",
+                        message: format!(
+                            "safe-state action `{cap}` not run: {} ({})",
+                            r.message, r.details["interlocks"]
+                        ),
+                    });
+                }
                 let auth = Authorized::mint(
                     dev.id(),
                     &b.capability_id,

@@ -50,6 +50,7 @@ safe_state = {{ description = "held", achieved_by = [{achieved_by}] }}
 
 #[derive(Default)]
 struct PressDriver {
+    guard_open: std::sync::atomic::AtomicBool,
     estop_failures_left: AtomicUsize,
     estop_sleep_ms: AtomicUsize,
     estops: AtomicUsize,
@@ -67,6 +68,17 @@ impl Driver for PressDriver {
             }
             Ok(json!({}))
         })
+    }
+    fn interlocks(&self) -> Vec<(String, tether_kernel::InterlockState)> {
+        let open = self.guard_open.load(Ordering::SeqCst);
+        vec![(
+            "guard".into(),
+            if open {
+                tether_kernel::InterlockState::Open
+            } else {
+                tether_kernel::InterlockState::Closed
+            },
+        )]
     }
     fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
         self.estops.fetch_add(1, Ordering::SeqCst);
@@ -316,5 +328,32 @@ async fn a_terminal_stop_refuses_every_later_reset_on_this_endpoint() {
     assert_eq!(
         k.safety_status(Some("press-1")).expect("status")["devices"][0]["estop"]["terminated"],
         true
+    );
+}
+
+#[tokio::test]
+async fn a_safe_state_action_gated_by_an_open_interlock_is_not_run_and_the_stop_is_retried() {
+    let text = manifest("simulated", false, "\"x-cap.test.hold.v1\"")
+        + "\n[[interlocks]]\nid = \"guard\"\ndescription = \"guard closed\"\nsource = \"simulated\"\nrequired_for = [\"x-cap.test.hold.v1\"]\n";
+    let (k, driver) = kernel(&text);
+    driver.guard_open.store(true, Ordering::SeqCst);
+    let r = k.estop(estop()).await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["error"]["details"]["reason"], "action_failed");
+    assert!(
+        driver.calls.lock().expect("calls").is_empty(),
+        "the gated action never ran"
+    );
+    driver.guard_open.store(false, Ordering::SeqCst);
+    let t0 = Instant::now();
+    while k.safety_status(Some("press-1")).expect("status")["devices"][0]["estop"]["confirmed"]
+        != true
+    {
+        assert!(t0.elapsed() < Duration::from_secs(3), "never retried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        driver.calls.lock().expect("calls").clone(),
+        vec!["hold".to_owned()]
     );
 }
