@@ -3,13 +3,13 @@
 //! revoked by an e-stop; required (and only from an approval route) for
 //! hardware commands at R2 and above.
 
+mod common;
+
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::sync::Arc;
-use tether_kernel::loader::{load, ManifestSource};
 use tether_kernel::{
-    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, KernelConfig,
-    Principal, ResetRequest, SessionOpen, Signal,
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, Principal,
+    ResetRequest, SessionOpen, Signal,
 };
 use tether_store::MemoryStore;
 
@@ -57,31 +57,14 @@ impl Driver for Mixer {
 }
 
 async fn rig(mode: &str) -> (Kernel, Principal, String) {
-    let cell = load(
-        &[ManifestSource {
-            origin: "mixer-1.toml".into(),
-            text: manifest(mode),
-        }],
-        None,
-    )
-    .expect("loads");
-    let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
-    drivers.insert("mixer-1".into(), Arc::new(Mixer));
-    let k = Kernel::new(
-        KernelConfig::standard("t"),
-        cell,
-        drivers,
+    let k = common::single_device_kernel(
+        "mixer-1",
+        &manifest(mode),
+        Arc::new(Mixer),
         Arc::new(MemoryStore::new()),
-    )
-    .expect("kernel");
+    );
     let p = Principal::local_agent();
-    let sid = k
-        .session_open(&p, SessionOpen::default())
-        .await
-        .expect("session")["session_id"]
-        .as_str()
-        .expect("sid")
-        .to_owned();
+    let sid = common::open_session(&k, &p).await;
     (k, p, sid)
 }
 

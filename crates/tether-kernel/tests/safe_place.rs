@@ -1,24 +1,13 @@
 //! Single-use safe-place grants: an operator lets one exact park run while
 //! the arm is latched.
 
+mod common;
+
 use serde_json::json;
-use std::sync::Arc;
-use tether_kernel::{
-    CommandRequest, EstopRequest, Kernel, KernelConfig, Principal, PrincipalKind, SessionOpen,
-};
-use tether_store::MemoryStore;
+use tether_kernel::{CommandRequest, EstopRequest, Kernel, Principal, PrincipalKind, SessionOpen};
 
 fn kernel() -> Kernel {
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    Kernel::new(
-        KernelConfig::standard("t"),
-        cell,
-        drivers,
-        Arc::new(MemoryStore::new()),
-    )
-    .expect("kernel")
+    common::builtin_kernel()
 }
 
 fn operator() -> Principal {

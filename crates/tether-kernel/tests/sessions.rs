@@ -1,22 +1,13 @@
 //! Session expiry and close end the session's running operations.
 
+mod common;
+
 use serde_json::json;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{CommandRequest, Kernel, KernelConfig, Principal, SessionOpen};
-use tether_store::MemoryStore;
+use tether_kernel::{CommandRequest, Kernel, Principal, SessionOpen};
 
 fn kernel() -> Kernel {
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    Kernel::new(
-        KernelConfig::standard("t"),
-        cell,
-        drivers,
-        Arc::new(MemoryStore::new()),
-    )
-    .expect("kernel")
+    common::builtin_kernel()
 }
 
 fn long_move(sid: &str) -> CommandRequest {

@@ -2,15 +2,15 @@
 //! the latch and are retried in the background, and resets refused while a
 //! stop attempt still runs.
 
+mod common;
+
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tether_kernel::loader::{load, ManifestSource};
 use tether_kernel::{
-    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, KernelConfig,
-    Principal, ResetRequest, SessionOpen, Signal,
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, Principal,
+    ResetRequest, SessionOpen, Signal,
 };
 use tether_store::MemoryStore;
 
@@ -99,27 +99,14 @@ impl Driver for PressDriver {
 }
 
 fn kernel(text: &str) -> (Kernel, Arc<PressDriver>) {
-    let cell = load(
-        &[ManifestSource {
-            origin: "press-1.toml".into(),
-            text: text.into(),
-        }],
-        None,
-    )
-    .expect("loads");
     let driver = Arc::new(PressDriver::default());
-    let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
-    drivers.insert("press-1".into(), driver.clone());
-    (
-        Kernel::new(
-            KernelConfig::standard("t"),
-            cell,
-            drivers,
-            Arc::new(MemoryStore::new()),
-        )
-        .expect("kernel"),
-        driver,
-    )
+    let k = common::single_device_kernel(
+        "press-1",
+        text,
+        driver.clone(),
+        Arc::new(MemoryStore::new()),
+    );
+    (k, driver)
 }
 
 fn estop() -> EstopRequest {
