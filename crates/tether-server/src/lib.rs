@@ -15,6 +15,7 @@ pub mod auth;
 pub mod http;
 pub mod rpc;
 pub mod stdio;
+pub mod tools;
 
 /// Largest request accepted by any surface, bytes.
 pub const REQUEST_BYTES_MAX: usize = 1 << 20;

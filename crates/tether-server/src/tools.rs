@@ -1,0 +1,314 @@
+//! The tool catalogue shared by the agent-facing surfaces (MCP and the REST
+//! tool gateway): one tool per binding, named predictably, plus the e-stop.
+//!
+//! Naming rule (documented in docs/WIRE.md): `{device_id}__{short}` where
+//! `short` is the capability class id without its `cap.` / `x-cap.` prefix and
+//! `.vN` suffix, last dotted segment only (`cap.thermal.setpoint.v1` →
+//! `setpoint`). When two bindings of one device share a short name, the
+//! resource is appended: `{device_id}__{short}_{resource}`. The e-stop tool is
+//! named `estop` and is always listed.
+//!
+//! A tool is a description; calling one goes through the kernel like any
+//! other request. Reset, permit, safe-place grant and approval routes are
+//! never tools: a model may not reach them.
+
+use serde_json::{json, Value};
+use tether_core::catalogue;
+use tether_kernel::Kernel;
+
+/// Name of the always-listed e-stop tool.
+pub const ESTOP_TOOL: &str = "estop";
+
+/// What a tool does, which decides how surfaces annotate and answer it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolKind {
+    /// A catalogued read binding (`mhs.resource.read` semantics).
+    Read,
+    /// A write (`cap.device.configure.v1`, a patch of the resource state).
+    Write,
+    /// An action (`mhs.command`).
+    Action,
+    /// The e-stop tool.
+    Estop,
+}
+
+impl ToolKind {
+    /// Stable wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Action => "action",
+            Self::Estop => "estop",
+        }
+    }
+}
+
+/// One tool.
+#[derive(Clone, Debug)]
+pub struct Tool {
+    /// Tool name (see the module doc for the rule).
+    pub name: String,
+    /// Read, write, action or e-stop.
+    pub kind: ToolKind,
+    /// The device, absent for the e-stop tool (which covers every device).
+    pub device_id: Option<String>,
+    /// Capability class id.
+    pub capability_id: String,
+    /// Resource the binding acts on (empty for the e-stop tool).
+    pub resource: String,
+    /// Device mode (`simulated`, `hardware`, ...).
+    pub mode: String,
+    /// Binding risk class (`R0`..`R3`).
+    pub risk: String,
+    /// Whether repeating the same input has no further effect.
+    pub idempotent: bool,
+    /// The input schema the binding serves (what the kernel checks).
+    pub input_schema: Value,
+    /// Human-readable description with effective limits, units, mode and risk.
+    pub description: String,
+    /// The binding's effective limits block (`x-mhs-effective-limits`).
+    pub effective_limits: Value,
+}
+
+impl Tool {
+    /// JSON view used by the REST gateway and documentation.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "tool_id": self.name,
+            "kind": self.kind.as_str(),
+            "device_id": self.device_id,
+            "capability_id": self.capability_id,
+            "resource": self.resource,
+            "mode": self.mode,
+            "risk": self.risk,
+            "idempotent": self.idempotent,
+            "read_only": self.kind == ToolKind::Read,
+            "destructive": matches!(self.kind, ToolKind::Write | ToolKind::Action | ToolKind::Estop),
+            "description": self.description,
+            "input_schema": self.input_schema,
+            "effective_limits": self.effective_limits,
+        })
+    }
+}
+
+/// The short name of a capability class id (`cap.motion.move_to.v1` → `move_to`).
+pub fn short_name(capability_id: &str) -> String {
+    let trimmed = capability_id
+        .strip_prefix("x-cap.")
+        .or_else(|| capability_id.strip_prefix("cap."))
+        .unwrap_or(capability_id);
+    let mut segments: Vec<&str> = trimmed.split('.').filter(|s| !s.is_empty()).collect();
+    let versioned = segments.last().is_some_and(|s| {
+        s.len() > 1 && s.starts_with('v') && s[1..].bytes().all(|b| b.is_ascii_digit())
+    });
+    if versioned && segments.len() > 1 {
+        segments.pop();
+    }
+    let last = segments.last().copied().unwrap_or("tool");
+    last.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Every tool the endpoint offers, in a stable order: the e-stop first, then
+/// devices and bindings in manifest order.
+pub fn catalogue(kernel: &Kernel) -> Vec<Tool> {
+    let mut tools = vec![estop_tool()];
+    for device_id in kernel.device_ids() {
+        let Ok(got) = kernel.device_get(&device_id) else {
+            continue;
+        };
+        tools.extend(device_tools(&device_id, &got));
+    }
+    tools
+}
+
+/// Finds a tool by name.
+pub fn find(kernel: &Kernel, name: &str) -> Option<Tool> {
+    catalogue(kernel).into_iter().find(|t| t.name == name)
+}
+
+fn estop_tool() -> Tool {
+    Tool {
+        name: ESTOP_TOOL.to_owned(),
+        kind: ToolKind::Estop,
+        device_id: None,
+        capability_id: catalogue::ESTOP.to_owned(),
+        resource: String::new(),
+        mode: "any".to_owned(),
+        risk: "R0".to_owned(),
+        idempotent: true,
+        input_schema: json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "device_id": {"type": "string", "description": "One device; omit to stop every device."},
+                "reason": {"type": "string", "maxLength": 512},
+            },
+        }),
+        description: format!(
+            "Emergency stop (software). Latches the named device, or every device when none is named: \
+             operations are cancelled and the stop path runs; nothing moves until an operator resets. \
+             Always available, never held. {}",
+            tether_core::NOT_CERTIFIED
+        ),
+        effective_limits: Value::Null,
+    }
+}
+
+fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
+    let device = &got["device"];
+    let mode = device["mode"].as_str().unwrap_or("unknown").to_owned();
+    let bindings = got["reference"]["bindings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let shorts: Vec<String> = bindings
+        .iter()
+        .map(|b| short_name(b["capability_id"].as_str().unwrap_or_default()))
+        .collect();
+    let mut tools = Vec::with_capacity(bindings.len());
+    for (i, b) in bindings.iter().enumerate() {
+        // The e-stop class is served by the `estop` tool, never per binding.
+        let capability_id = b["capability_id"].as_str().unwrap_or_default().to_owned();
+        if capability_id == catalogue::ESTOP {
+            continue;
+        }
+        let resource = b["resource"].as_str().unwrap_or_default().to_owned();
+        let clash = shorts.iter().filter(|s| **s == shorts[i]).count() > 1;
+        let name = if clash {
+            format!("{device_id}__{}_{resource}", shorts[i])
+        } else {
+            format!("{device_id}__{}", shorts[i])
+        };
+        let kind = match b["verb"].as_str() {
+            Some("read") => ToolKind::Read,
+            _ if capability_id == catalogue::CONFIGURE => ToolKind::Write,
+            _ => ToolKind::Action,
+        };
+        let risk = b["risk"].as_str().unwrap_or("R3").to_owned();
+        let idempotent = kind == ToolKind::Read
+            || kind == ToolKind::Write
+            || b["flags"]["stop_class"] == json!(true)
+            || b["flags"]["safe_place"] == json!(true);
+        let effective_limits = b["x-mhs-effective-limits"].clone();
+        let description = describe(device_id, &mode, &risk, kind, b, &effective_limits);
+        tools.push(Tool {
+            name,
+            kind,
+            device_id: Some(device_id.to_owned()),
+            capability_id,
+            resource,
+            mode: mode.clone(),
+            risk,
+            idempotent,
+            input_schema: input_schema(kind, b),
+            description,
+            effective_limits,
+        });
+    }
+    tools
+}
+
+fn input_schema(kind: ToolKind, b: &Value) -> Value {
+    match kind {
+        ToolKind::Read => {
+            json!({"type": "object", "additionalProperties": false, "properties": {}})
+        }
+        _ => {
+            let s = &b["input_schema"];
+            if s.is_object() {
+                s.clone()
+            } else {
+                json!({"type": "object"})
+            }
+        }
+    }
+}
+
+fn describe(
+    device_id: &str,
+    mode: &str,
+    risk: &str,
+    kind: ToolKind,
+    b: &Value,
+    limits: &Value,
+) -> String {
+    let what = b["description"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            format!(
+                "{} `{}` on resource `{}`",
+                kind.as_str(),
+                b["capability_id"].as_str().unwrap_or_default(),
+                b["resource"].as_str().unwrap_or_default()
+            )
+        });
+    let mut out = format!("{what}. Device `{device_id}`, mode {mode}, risk {risk}.");
+    let lines = limit_lines(limits);
+    if !lines.is_empty() {
+        out.push_str(" Limits: ");
+        out.push_str(&lines.join("; "));
+        out.push('.');
+    }
+    if kind != ToolKind::Read {
+        out.push_str(" Out-of-limit input is refused, never clamped.");
+    }
+    out
+}
+
+fn limit_lines(limits: &Value) -> Vec<String> {
+    let Some(map) = limits.get("limits").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    map.iter()
+        .map(|(path, l)| {
+            let unit = l.get("unit").and_then(Value::as_str).unwrap_or("");
+            let mut parts = vec![format!("`{path}`")];
+            if let Some(min) = l.get("min").filter(|v| !v.is_null()) {
+                parts.push(format!("min {min}{}", sp(unit)));
+            }
+            if let Some(max) = l.get("max").filter(|v| !v.is_null()) {
+                parts.push(format!("max {max}{}", sp(unit)));
+            }
+            if let Some(a) = l.get("allowed").filter(|v| !v.is_null()) {
+                parts.push(format!("allowed {a}"));
+            }
+            if l.get("per").is_some_and(|v| !v.is_null()) {
+                parts.push(format!("per {}", l["per"]));
+            }
+            parts.join(" ")
+        })
+        .collect()
+}
+
+fn sp(unit: &str) -> String {
+    if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_name;
+
+    #[test]
+    fn short_names_drop_prefix_and_version() {
+        assert_eq!(short_name("cap.thermal.setpoint.v1"), "setpoint");
+        assert_eq!(short_name("cap.motion.move_to.v1"), "move_to");
+        assert_eq!(short_name("x-cap.lab.pipette.v12"), "pipette");
+        assert_eq!(short_name("x-cap.weird name"), "weird_name");
+        assert_eq!(short_name("cap.io.v2.relay"), "relay");
+    }
+}
