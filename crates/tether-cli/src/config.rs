@@ -26,6 +26,13 @@ pub struct EndpointConfig {
     /// Principals and their bearer tokens; none means one local agent.
     #[serde(default)]
     pub principals: Vec<PrincipalConfig>,
+    /// The ControlPolicy (Cedar), relative to the config file; the built-in
+    /// default policy when absent.
+    #[serde(default)]
+    pub policy: Option<PathBuf>,
+    /// How long an approval stays open, seconds (default 3600).
+    #[serde(default)]
+    pub approval_ttl_s: Option<u64>,
 }
 
 /// A `[[principals]]` table.
@@ -133,6 +140,8 @@ pub struct Loaded {
     pub base: PathBuf,
     pub manifests: Vec<ManifestSource>,
     pub overlay: Option<OverlaySource>,
+    /// The policy file as (path shown in messages, Cedar text).
+    pub policy: Option<(String, String)>,
 }
 
 fn defect(file: &Path, message: String) -> Defect {
@@ -158,6 +167,7 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
             base: PathBuf::from("."),
             manifests: tether_drivers::builtin_cell(),
             overlay: None,
+            policy: None,
         });
     };
     let text = std::fs::read_to_string(path)
@@ -173,6 +183,7 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
                 text,
             }],
             overlay: None,
+            policy: None,
         });
     }
     let config: EndpointConfig =
@@ -209,6 +220,19 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
         }
         None => None,
     };
+    let policy = match &config.policy {
+        Some(rel) => {
+            let p = base.join(rel);
+            match std::fs::read_to_string(&p) {
+                Ok(text) => Some((p.display().to_string(), text)),
+                Err(e) => {
+                    defects.push(defect(&p, format!("cannot read policy: {e}")));
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     if manifests.is_empty() && defects.is_empty() {
         defects.push(defect(
             path,
@@ -221,6 +245,7 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
             base,
             manifests,
             overlay,
+            policy,
         })
     } else {
         Err(defects)

@@ -48,10 +48,24 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         http: Option<String>,
     },
-    /// Check a config (or a single device manifest) and print every defect.
+    /// Check a config (or a single device manifest, or a `.cedar` policy
+    /// against the built-in cell) and print every defect. A config's policy is
+    /// validated too.
     Check {
-        /// Config or manifest file.
+        /// Config, manifest or policy file.
         file: PathBuf,
+        /// Print the Tether Cedar schema policies are validated against.
+        #[arg(long)]
+        schema: bool,
+    },
+    /// Operators: list, approve or deny held commands on a running endpoint
+    /// (the operator's token comes from TETHER_TOKEN).
+    Approvals {
+        #[command(subcommand)]
+        action: ApprovalAction,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
     },
     /// Print a device's reference file (limits with units and sources, safety).
     Describe {
@@ -101,6 +115,37 @@ enum Command {
     },
     /// Print the MHS error-code registry as Markdown.
     Codes,
+}
+
+#[derive(Subcommand)]
+enum ApprovalAction {
+    /// List approvals (operators see all, others their own).
+    List {
+        /// Only this status: pending, approved, denied, used or expired.
+        #[arg(long)]
+        status: Option<String>,
+    },
+    /// Show one approval.
+    Get {
+        /// Approval id.
+        id: String,
+    },
+    /// Vote to approve.
+    Approve {
+        /// Approval id.
+        id: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "approved from a shell")]
+        reason: String,
+    },
+    /// Deny (final).
+    Deny {
+        /// Approval id.
+        id: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "denied from a shell")]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -160,7 +205,8 @@ fn main() -> ExitCode {
             stdio,
             http,
         } => serve(config, state_dir, stdio, http),
-        Command::Check { file } => Ok(check(&file)),
+        Command::Check { file, schema } => Ok(check(&file, schema)),
+        Command::Approvals { action, endpoint } => approvals(action, &endpoint),
         Command::Describe {
             device,
             config,
@@ -225,7 +271,10 @@ fn print_defects(defects: &[tether_kernel::loader::Defect]) {
     eprintln!("tether: {} defect(s); nothing was started", defects.len());
 }
 
-fn check(file: &std::path::Path) -> ExitCode {
+fn check(file: &std::path::Path, print_schema: bool) -> ExitCode {
+    if file.extension().is_some_and(|e| e == "cedar") {
+        return check_policy_file(file, print_schema);
+    }
     let loaded = match config::read(Some(file)) {
         Ok(l) => l,
         Err(defects) => {
@@ -237,24 +286,141 @@ fn check(file: &std::path::Path) -> ExitCode {
         print_defects(&defects);
         return ExitCode::from(1);
     }
-    match config::load_cell(&loaded) {
-        Ok(cell) => {
-            for d in &cell.devices {
-                println!(
-                    "ok: device `{}` ({}, {}, {} binding(s)) from {}",
-                    d.manifest.device_id,
-                    d.manifest.mode.as_str(),
-                    d.manifest.risk_class,
-                    d.bindings.len(),
-                    d.origin
-                );
-            }
-            ExitCode::SUCCESS
-        }
+    let cell = match config::load_cell(&loaded) {
+        Ok(cell) => cell,
         Err(defects) => {
             print_defects(&defects);
+            return ExitCode::from(1);
+        }
+    };
+    for d in &cell.devices {
+        println!(
+            "ok: device `{}` ({}, {}, {} binding(s)) from {}",
+            d.manifest.device_id,
+            d.manifest.mode.as_str(),
+            d.manifest.risk_class,
+            d.bindings.len(),
+            d.origin
+        );
+    }
+    report_policy(&cell, loaded.policy.as_ref(), print_schema)
+}
+
+/// Validates a policy against a cell and says so; exit 1 on a defect.
+fn report_policy(
+    cell: &tether_kernel::loader::Cell,
+    policy: Option<&(String, String)>,
+    print_schema: bool,
+) -> ExitCode {
+    if print_schema {
+        println!("{}", tether_kernel::policy::schema_for(cell));
+    }
+    let source = policy.map(|(n, t)| (n.as_str(), t.as_str()));
+    match tether_kernel::policy::check_policy(cell, source) {
+        Ok(p) => {
+            println!(
+                "ok: policy {} ({} rule(s): {})",
+                p.name(),
+                p.policy_ids().len(),
+                p.policy_ids().join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("tether: the policy is invalid; nothing was started");
             ExitCode::from(1)
         }
+    }
+}
+
+/// `tether check FILE.cedar`: the policy against the built-in cell.
+fn check_policy_file(file: &std::path::Path, print_schema: bool) -> ExitCode {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: cannot read policy: {e}", file.display());
+            return ExitCode::from(1);
+        }
+    };
+    let cell = match config::read(None).and_then(|l| config::load_cell(&l)) {
+        Ok(c) => c,
+        Err(defects) => {
+            print_defects(&defects);
+            return ExitCode::from(1);
+        }
+    };
+    println!("checking {} against the built-in cell (use a config's `policy` key to check against yours)", file.display());
+    report_policy(
+        &cell,
+        Some(&(file.display().to_string(), text)),
+        print_schema,
+    )
+}
+
+/// `tether approvals ...`: JSON-RPC calls to a running endpoint.
+fn approvals(action: ApprovalAction, endpoint: &str) -> anyhow::Result<ExitCode> {
+    let (method, params) = match &action {
+        ApprovalAction::List { status } => (
+            "mhs.approvals.list",
+            match status {
+                Some(s) => serde_json::json!({"status": s}),
+                None => serde_json::json!({}),
+            },
+        ),
+        ApprovalAction::Get { id } => ("mhs.approvals.get", serde_json::json!({"approval_id": id})),
+        ApprovalAction::Approve { id, reason } => (
+            "mhs.approvals.decide",
+            serde_json::json!({"approval_id": id, "decision": "approve", "reason": reason}),
+        ),
+        ApprovalAction::Deny { id, reason } => (
+            "mhs.approvals.decide",
+            serde_json::json!({"approval_id": id, "decision": "deny", "reason": reason}),
+        ),
+    };
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    // The operator's token comes from the environment, never from a flag.
+    let token = std::env::var("TETHER_TOKEN").ok();
+    let answer = http_post_json(endpoint, &body.to_string(), token.as_deref())
+        .with_context(|| format!("asking {endpoint}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&answer).context("the endpoint's answer is not JSON")?;
+    if let Some(e) = v.get("error") {
+        eprintln!(
+            "tether: {} ({})",
+            e["message"].as_str().unwrap_or("refused"),
+            e["data"]["mhs_code"].as_str().unwrap_or("?")
+        );
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::from(1));
+    }
+    let result = &v["result"];
+    if let ApprovalAction::List { .. } = action {
+        print_approval_table(result);
+    } else {
+        println!("{}", serde_json::to_string_pretty(result)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_approval_table(result: &serde_json::Value) {
+    let list = result["approvals"].as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        println!("no approvals");
+        return;
+    }
+    for a in list {
+        println!(
+            "{}  {:<8}  {}/{}  {}/{} votes  by {}  {}",
+            a["approval_id"].as_str().unwrap_or("?"),
+            a["status"].as_str().unwrap_or("?"),
+            a["device_id"].as_str().unwrap_or("?"),
+            a["capability_id"].as_str().unwrap_or("?"),
+            a["approvals"],
+            a["quorum"],
+            a["requested_by"]["id"].as_str().unwrap_or("?"),
+            a["reason"].as_str().unwrap_or("")
+        );
     }
 }
 
@@ -534,13 +700,27 @@ fn serve(
         .clone()
         .unwrap_or_else(|| "tether-local".into());
     let device_count = cell.devices.len();
-    let kernel = Kernel::new(
-        KernelConfig::standard(&endpoint_id),
-        cell,
-        drivers,
-        Arc::new(store),
-    )
-    .context("starting the kernel")?;
+    let mut kernel_config = KernelConfig::standard(&endpoint_id);
+    kernel_config.policy = loaded.policy.clone();
+    if let Some(ttl) = loaded.config.approval_ttl_s {
+        if !(1..=7 * 86_400).contains(&ttl) {
+            eprintln!(
+                "{}: approval_ttl_s must be between 1 and 604800",
+                origin.display()
+            );
+            return Ok(ExitCode::from(2));
+        }
+        kernel_config.approval_ttl_ms = ttl * 1000;
+    }
+    let kernel = match Kernel::new(kernel_config, cell, drivers, Arc::new(store)) {
+        Ok(k) => k,
+        Err(e @ tether_kernel::StartError::Policy(_)) => {
+            eprintln!("{e}");
+            eprintln!("tether: the policy is invalid; nothing was started");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("starting the kernel")),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -60,6 +60,9 @@ pub enum Code {
     OperationUnknown,
     PolicyDenied,
     PolicyHeld,
+    PolicyApprovalUnknown,
+    PolicyApprovalExpired,
+    PolicyApprovalClosed,
 }
 
 /// Which protocol-level family a code belongs to; decides the JSON-RPC number.
@@ -149,6 +152,9 @@ registry! {
     OperationUnknown => ("MHS.OPERATION.UNKNOWN", -32096, false, Command, "No running or recently finished operation has this id."),
     PolicyDenied => ("MHS.POLICY.DENIED", -32100, false, Command, "The control policy denies this request."),
     PolicyHeld => ("MHS.POLICY.HELD", -32101, true, Command, "The control policy holds this request for people to approve; details.approval_id names it."),
+    PolicyApprovalUnknown => ("MHS.POLICY.APPROVAL_UNKNOWN", -32102, false, Command, "No approval with this id is visible to the caller."),
+    PolicyApprovalExpired => ("MHS.POLICY.APPROVAL_EXPIRED", -32103, false, Command, "The approval expired before it was decided or used; send the command again under a new command_id."),
+    PolicyApprovalClosed => ("MHS.POLICY.APPROVAL_CLOSED", -32104, false, Command, "The approval is already decided or used (approvals are single-use); details.status says which."),
 }
 
 impl Code {

@@ -11,6 +11,7 @@ use crate::driver::{CancelToken, InterlockState, Signal};
 use crate::idempotency::Begin;
 use crate::kernel::{DeviceRt, Kernel, Principal, RunningOp};
 use crate::loader::BindingSpec;
+use crate::policy::PolicyStep;
 use crate::session::{Session, SessionFault};
 use crate::{ApiError, CommandRequest, GrantRequest, ReadRequest, SessionOpen};
 use serde_json::{json, Map, Value};
@@ -50,6 +51,12 @@ pub(crate) struct Ctx {
     pub expected_revision: Option<u64>,
     pub safe_place_grant: Option<String>,
     pub permit_id: Option<String>,
+    /// Step 10's verdict (decision, determining policies, reason), once made.
+    pub policy: std::sync::OnceLock<Value>,
+    /// An approved approval that covers this command (reserved at registration).
+    pub approval: std::sync::OnceLock<String>,
+    /// An approval this command created, to be made durable before the hold is answered.
+    pub new_approval: std::sync::OnceLock<String>,
 }
 
 enum Resolve {
@@ -358,6 +365,39 @@ impl Kernel {
             },
             json!({"device_id": req.device_id, "resource": req.resource}),
         )?;
+        // Reads skip the effectful steps but not the policy.
+        let policy_binding = dev
+            .spec
+            .bindings
+            .iter()
+            .position(|b| b.resource == req.resource && b.is_read())
+            .or_else(|| {
+                dev.spec
+                    .bindings
+                    .iter()
+                    .position(|b| b.resource == req.resource)
+            });
+        let policy = match policy_binding {
+            Some(bi) => self.policy_read(p, d, bi),
+            None => Err(Refusal::new(
+                Code::PolicyDenied,
+                "no binding on this resource for the policy to judge",
+                json!({"reason": "no_binding"}),
+            )),
+        };
+        let policy = match policy {
+            Ok(v) => v,
+            Err(r) => {
+                self.record(Commit {
+                    events: vec![EventDraft {
+                        kind: "resource.read".into(),
+                        body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "decision": "deny", "error": r.to_json()}),
+                    }],
+                    ..Commit::default()
+                });
+                return Err(ApiError::new(r.code, r.message.clone(), r.details.clone()));
+            }
+        };
         let auth = Authorized::mint(
             dev.id(),
             catalogue::STATE_READ,
@@ -380,7 +420,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "resource.read".into(),
-                body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "revision": revision, "state_hash": state_hash, "decision": "allow"}),
+                body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "revision": revision, "state_hash": state_hash, "decision": "allow", "policy": policy}),
             }],
             ..Commit::default()
         });
@@ -495,6 +535,9 @@ impl Kernel {
                 expected_revision: None,
                 safe_place_grant: None,
                 permit_id: None,
+                policy: std::sync::OnceLock::new(),
+                approval: std::sync::OnceLock::new(),
+                new_approval: std::sync::OnceLock::new(),
             }
             .pre_binding_refusal(code, message, details, &req)
         };
@@ -569,6 +612,9 @@ impl Kernel {
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant.clone(),
             permit_id: req.permit_id.clone(),
+            policy: std::sync::OnceLock::new(),
+            approval: std::sync::OnceLock::new(),
+            new_approval: std::sync::OnceLock::new(),
         };
         // Step 4: idempotency.
         match self.begin_idempotent(&ctx.command_id, &ctx.key) {
@@ -586,9 +632,17 @@ impl Kernel {
                 return Ok(self.reject_binding(&ctx, refusal).await);
             }
         }
-        match self.admit(&ctx) {
+        match self.admit(&ctx, true) {
             Ok(admitted) => self.dispatch(ctx, admitted).await,
             Err(refusal) => {
+                // A hold answers only once its approval is durable.
+                let refusal = match ctx.new_approval.get() {
+                    Some(id) => match self.persist_new_approval(id).await {
+                        Ok(()) => refusal,
+                        Err(e) => e,
+                    },
+                    None => refusal,
+                };
                 self.abort_idempotent(&ctx.command_id);
                 Ok(self.reject_binding(&ctx, refusal).await)
             }
@@ -658,8 +712,11 @@ impl Kernel {
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant.clone(),
             permit_id: req.permit_id.clone(),
+            policy: std::sync::OnceLock::new(),
+            approval: std::sync::OnceLock::new(),
+            new_approval: std::sync::OnceLock::new(),
         };
-        match self.admit(&ctx) {
+        match self.admit(&ctx, false) {
             Ok(admitted) => {
                 self.release_budgets(&admitted.reservations);
                 Ok(None)
@@ -708,7 +765,7 @@ impl Kernel {
 
     /// Steps 5 to 11. Pure checks plus the budget reservation (released by
     /// the caller on any later refusal).
-    fn admit(&self, ctx: &Ctx) -> Result<Admitted, Refusal> {
+    fn admit(&self, ctx: &Ctx, create: bool) -> Result<Admitted, Refusal> {
         let dev = &self.inner.devices[ctx.device];
         let (b, rt) = dev.binding(ctx.binding);
         // Step 5: latch (an operator's safe-place grant lets its one exact command through).
@@ -764,19 +821,26 @@ impl Kernel {
         }
         // Step 9: remaining schema bounds.
         check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?;
-        // Step 10: policy (allow until the policy layer lands), then the permit
-        // bound to the exact input digest, then budgets.
-        let needs_permit = crate::permits::permit_required(dev.spec.manifest.mode.is_physical(), b);
-        match &ctx.permit_id {
-            Some(id) => self.check_permit(id, ctx, false)?,
-            None if needs_permit => {
-                return Err(Refusal::new(
-                    Code::SafetyApprovalRequired,
-                    "a hardware command at R2 or above needs a permit from an approval route",
-                    json!({"reason": "permit_required", "risk": b.risk.as_str()}),
-                ))
+        // Step 10: policy (allow / hold / deny, with the approval route), then
+        // the permit bound to the exact input digest, then budgets.
+        match self.policy_step(ctx, b, create) {
+            PolicyStep::Go { approval } => {
+                if let Some(id) = approval {
+                    let _ = ctx.approval.set(id);
+                }
             }
-            None => {}
+            PolicyStep::Refused {
+                refusal,
+                new_approval,
+            } => {
+                if let Some(id) = new_approval {
+                    let _ = ctx.new_approval.set(id);
+                }
+                return Err(refusal);
+            }
+        }
+        if let Some(id) = &ctx.permit_id {
+            self.check_permit(id, ctx, false)?;
         }
         let reservations = if Kernel::is_effectful(b) {
             self.reserve_budgets(ctx, b)?
@@ -1044,6 +1108,10 @@ impl Kernel {
             // A stop cancels the running operations of its device first.
             self.cancel_device_ops(ctx.device, "stop requested");
         }
+        if let Some(id) = ctx.approval.get() {
+            // Dispatched: the approval is spent whatever the outcome.
+            self.spend_approval(id, &ctx.command_id).await;
+        }
         let result = self
             .run_driver(dev, b, auth, cancel, &op_id, ctx.deadline)
             .await;
@@ -1084,6 +1152,10 @@ impl Kernel {
         if let Some(id) = &ctx.permit_id {
             // Refused before dispatch: the permit is given back (a revoked one is gone).
             self.give_back_permit(id);
+        }
+        if let Some(id) = ctx.approval.get() {
+            // Likewise the approval: it was not used.
+            self.release_approval(id);
         }
         self.abort_idempotent(&ctx.command_id);
         self.reject_binding(ctx, refusal).await
@@ -1148,6 +1220,14 @@ impl Kernel {
         }
         if let Some(id) = &ctx.permit_id {
             self.check_permit(id, ctx, true)?;
+        }
+        if let Some(id) = ctx.approval.get() {
+            if let Err(r) = self.reserve_approval(id, &ctx.command_id) {
+                if let Some(pid) = &ctx.permit_id {
+                    self.give_back_permit(pid);
+                }
+                return Err(r);
+            }
         }
         ops.insert(
             op_id.to_owned(),
@@ -1388,6 +1468,12 @@ impl Kernel {
             "latency_us".into(),
             json!(ctx.t0.elapsed().as_micros() as u64),
         );
+        if let Some(p) = ctx.policy.get() {
+            extra.insert("policy".into(), p.clone());
+        }
+        if let Some(id) = ctx.approval.get() {
+            extra.insert("approval_id".into(), json!(id));
+        }
         Receipt {
             receipt_id: ids::mint("rcpt_"),
             command_id: ctx.command_id.clone(),
@@ -1400,7 +1486,16 @@ impl Kernel {
             input_digest: ctx.digest.clone(),
             state_revision_before: None,
             state_revision_after: None,
-            decision: None,
+            decision: ctx
+                .policy
+                .get()
+                .and_then(|p| p.get("decision"))
+                .and_then(Value::as_str)
+                .map(|d| match d {
+                    "allow" => "allow",
+                    "hold" => "hold",
+                    _ => "deny",
+                }),
             mode: dev.spec.manifest.mode.as_str(),
             accepted_at_ms: ctx.accepted_at_ms,
             completed_at_ms: now_ms(),

@@ -24,6 +24,9 @@ pub const METHODS: &[&str] = &[
     "mhs.safety.grant_safe_place",
     "mhs.safety.permit",
     "mhs.safety.status",
+    "mhs.approvals.list",
+    "mhs.approvals.get",
+    "mhs.approvals.decide",
 ];
 
 impl Kernel {

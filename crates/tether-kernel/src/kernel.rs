@@ -31,6 +31,10 @@ pub struct KernelConfig {
     pub idempotency_cache_max: usize,
     /// Deadline of a command that names none, ms.
     pub default_deadline_ms: u64,
+    /// How long an approval stays open (pending or approved and unused), ms.
+    pub approval_ttl_ms: u64,
+    /// The ControlPolicy as (name, Cedar text); `None` serves the built-in default.
+    pub policy: Option<(String, String)>,
 }
 
 impl KernelConfig {
@@ -42,6 +46,8 @@ impl KernelConfig {
             sessions_max: 10_000,
             idempotency_cache_max: 200_000,
             default_deadline_ms: 300_000,
+            approval_ttl_ms: 3_600_000,
+            policy: None,
         }
     }
 }
@@ -189,6 +195,10 @@ pub(crate) struct Inner {
     pub ops: Mutex<HashMap<String, RunningOp>>,
     /// Outstanding permits.
     pub permits: Mutex<crate::permits::Permits>,
+    /// The ControlPolicy (Cedar), validated for this cell.
+    pub policy: tether_policy::ControlPolicy,
+    /// Approvals (restored from the store at start).
+    pub approvals: Mutex<crate::approvals::Approvals>,
     /// Outstanding single-use safe-place grants.
     pub grants: Mutex<crate::grants::Grants>,
     /// Recently finished operations (bounded), for `mhs.operations.get`.
@@ -221,6 +231,8 @@ pub enum StartError {
     },
     /// The store failed.
     Store(StoreError),
+    /// The ControlPolicy does not load or validate.
+    Policy(tether_policy::PolicyError),
 }
 
 impl std::fmt::Display for StartError {
@@ -235,6 +247,7 @@ impl std::fmt::Display for StartError {
                 write!(f, "device `{device}`: binding `{capability_id}`: schema does not compile: {message}")
             }
             StartError::Store(e) => write!(f, "evidence store: {e}"),
+            StartError::Policy(e) => write!(f, "{e}"),
         }
     }
 }
@@ -366,6 +379,9 @@ impl Kernel {
             }
         }
         let sessions = Sessions::new(config.sessions_max);
+        let policy = crate::policy::load(&config, &devices).map_err(StartError::Policy)?;
+        let approvals =
+            crate::approvals::Approvals::restore(&store.approvals().map_err(StartError::Store)?);
         let kernel = Kernel {
             inner: Arc::new(Inner {
                 config,
@@ -379,6 +395,8 @@ impl Kernel {
                 finished_ops: Mutex::new(crate::operations::Finished::default()),
                 grants: Mutex::new(crate::grants::Grants::default()),
                 permits: Mutex::new(crate::permits::Permits::default()),
+                policy,
+                approvals: Mutex::new(approvals),
                 started: Instant::now(),
                 started_ms: now,
                 stop_watch: crate::governed::WatchHealth::default(),

@@ -19,6 +19,7 @@
 //! tether-drivers (for the trait), tether-server, tether-cli.
 #![deny(missing_docs)]
 
+mod approvals;
 mod authorized;
 mod command;
 mod describe;
@@ -32,6 +33,7 @@ pub mod lease;
 pub mod loader;
 mod operations;
 mod permits;
+pub mod policy;
 pub mod reference;
 mod safety;
 mod session;

@@ -103,8 +103,8 @@ impl Kernel {
         if permit_required(dev.spec.manifest.mode.is_physical(), b) {
             return Err(ApiError::new(
                 Code::SafetyApprovalRequired,
-                "a permit for a hardware command at R2 or above needs an approval route; the requester cannot grant it",
-                json!({"reason": "approval_route_required", "risk": b.risk.as_str(), "mode": dev.spec.manifest.mode.as_str()}),
+                "a permit for a hardware command at R2 or above comes only from an approval route: send the command itself; its refusal names an approval (details.approval_id) for operators to decide, then send the same command_id again",
+                json!({"reason": "approval_route_required", "risk": b.risk.as_str(), "mode": dev.spec.manifest.mode.as_str(), "route": "mhs.command -> mhs.approvals.decide (operators) -> mhs.command with the same command_id"}),
             ));
         }
         let ttl = ttl_ms.unwrap_or(PERMIT_TTL_MS_DEFAULT);

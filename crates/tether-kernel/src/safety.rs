@@ -226,6 +226,9 @@ impl Kernel {
             expected_revision: None,
             safe_place_grant: None,
             permit_id: None,
+            policy: std::sync::OnceLock::new(),
+            approval: std::sync::OnceLock::new(),
+            new_approval: std::sync::OnceLock::new(),
         };
         let (status, output, error) = match (&path, &durable) {
             (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
@@ -384,6 +387,9 @@ impl Kernel {
             expected_revision: None,
             safe_place_grant: None,
             permit_id: None,
+            policy: std::sync::OnceLock::new(),
+            approval: std::sync::OnceLock::new(),
+            new_approval: std::sync::OnceLock::new(),
         };
         if let Some(refusal) = self.reset_refusal(d, p) {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);

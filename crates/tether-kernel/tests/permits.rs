@@ -183,19 +183,143 @@ async fn an_estop_revokes_the_devices_permits() {
 
 #[tokio::test]
 async fn hardware_at_r2_needs_a_permit_that_the_requester_cannot_grant_itself() {
+    // The default policy holds hardware R2 actions: the hold is the approval route.
     let (k, p, sid) = rig("hardware").await;
     let r = k
         .command(&p, mix(&sid, 100.0, None))
         .await
         .expect("receipt");
+    assert_eq!(r["error"]["mhs_code"], "MHS.POLICY.HELD", "{r}");
     assert_eq!(
-        r["error"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
+        r["error"]["details"]["policies"],
+        json!(["hardware-r2-up-held"]),
         "{r}"
     );
+    assert!(r["error"]["details"]["approval_id"].is_string(), "{r}");
     let e = k
         .permit(&p, &mix(&sid, 100.0, None), None)
         .await
         .expect_err("no self-granted permit");
     assert_eq!(e.code.as_str(), "MHS.SAFETY.APPROVAL_REQUIRED");
     assert_eq!(e.details["reason"], "approval_route_required");
+}
+
+fn human(id: &str, operator: bool) -> Principal {
+    Principal {
+        id: id.into(),
+        kind: tether_kernel::PrincipalKind::Human,
+        operator,
+    }
+}
+
+/// A policy that allows everything: the permit rule alone asks for approval.
+async fn permissive_rig() -> (Kernel, Principal, String) {
+    let mut config = tether_kernel::KernelConfig::standard("t");
+    config.policy = Some((
+        "allow-all.cedar".into(),
+        "@id(\"all\") permit(principal, action, resource);".into(),
+    ));
+    let k = common::single_device_kernel_with(
+        "mixer-1",
+        &manifest("hardware"),
+        Arc::new(Mixer),
+        Arc::new(MemoryStore::new()),
+        config,
+    );
+    let p = Principal::local_agent();
+    let sid = common::open_session(&k, &p).await;
+    (k, p, sid)
+}
+
+#[tokio::test]
+async fn without_a_permit_the_command_takes_the_approval_route_and_resumes_once() {
+    let (k, p, sid) = permissive_rig().await;
+    let mut req = mix(&sid, 120.0, None);
+    req.command_id = Some("mix-approved-1".into());
+    let r = k.command(&p, req.clone()).await.expect("receipt");
+    assert_eq!(
+        r["error"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
+        "{r}"
+    );
+    assert_eq!(
+        r["policy"]["decision"], "allow",
+        "the policy allowed; the permit rule asks: {r}"
+    );
+    let id = r["error"]["details"]["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_owned();
+    assert_eq!(
+        k.approvals_get(&human("op", true), &id).expect("get")["kind"],
+        "permit"
+    );
+
+    // The model can never approve its own permit, nor can a non-operator.
+    let e = k
+        .approvals_decide(&p, &id, "approve", "mine")
+        .await
+        .expect_err("agent");
+    assert_eq!(e.details["reason"], "operator_required");
+    let e = k
+        .approvals_decide(&human("visitor", false), &id, "approve", "")
+        .await
+        .expect_err("no role");
+    assert_eq!(e.details["reason"], "operator_required");
+
+    let v = k
+        .approvals_decide(&human("op", true), &id, "approve", "ok")
+        .await
+        .expect("vote");
+    assert_eq!(v["status"], "approved");
+
+    // Another input under the same command id is not covered.
+    let mut other = mix(&sid, 130.0, None);
+    other.command_id = Some("mix-approved-1".into());
+    let r = k.command(&p, other).await.expect("receipt");
+    assert_eq!(
+        r["error"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
+        "{r}"
+    );
+    assert_ne!(r["error"]["details"]["approval_id"], json!(id));
+
+    let done = k.command(&p, req.clone()).await.expect("receipt");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["approval_id"], json!(id));
+    assert_eq!(
+        k.approvals_get(&human("op", true), &id).expect("get")["status"],
+        "used"
+    );
+    let replay = k.command(&p, req).await.expect("receipt");
+    assert_eq!(replay["replayed"], true, "{replay}");
+}
+
+#[tokio::test]
+async fn an_approved_command_refused_later_keeps_its_approval() {
+    let (k, p, sid) = permissive_rig().await;
+    let mut req = mix(&sid, 50.0, None);
+    req.command_id = Some("mix-latched".into());
+    let r = k.command(&p, req.clone()).await.expect("receipt");
+    let id = r["error"]["details"]["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_owned();
+    k.approvals_decide(&human("op", true), &id, "approve", "ok")
+        .await
+        .expect("vote");
+    // Latched: the whole order runs again and refuses; the approval is not spent.
+    k.estop(EstopRequest {
+        device_ids: vec!["mixer-1".into()],
+        reason: "drill".into(),
+        envelope_defect: None,
+        requested_by: None,
+        session_id: None,
+        deadline: None,
+    })
+    .await;
+    let r = k.command(&p, req).await.expect("receipt");
+    assert_eq!(r["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED", "{r}");
+    assert_eq!(
+        k.approvals_get(&human("op", true), &id).expect("get")["status"],
+        "approved"
+    );
 }

@@ -399,6 +399,28 @@ struct GrantParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ApprovalListParams {
+    #[serde(default)]
+    status: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalGetParams {
+    approval_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalDecideParams {
+    approval_id: String,
+    decision: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct OperationParams {
     operation_id: String,
     #[serde(default)]
@@ -654,6 +676,25 @@ async fn dispatch(
         "mhs.safety.status" => {
             let q: StatusParams = parse(params)?;
             kernel.safety_status(q.device_id.as_deref())
+        }
+        "mhs.approvals.list" => {
+            let q: ApprovalListParams = parse(params)?;
+            kernel.approvals_list(p, q.status.as_deref())
+        }
+        "mhs.approvals.get" => {
+            let q: ApprovalGetParams = parse(params)?;
+            kernel.approvals_get(p, &q.approval_id)
+        }
+        "mhs.approvals.decide" => {
+            let q: ApprovalDecideParams = parse(params)?;
+            kernel
+                .approvals_decide(
+                    p,
+                    &q.approval_id,
+                    &q.decision,
+                    q.reason.as_deref().unwrap_or(""),
+                )
+                .await
         }
         other => Err(ApiError::new(
             Code::ProtocolMethodNotFound,

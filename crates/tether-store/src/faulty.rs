@@ -67,6 +67,11 @@ impl Store for FaultyStore {
         self.read_check()?;
         self.inner.latches()
     }
+    fn approvals(&self) -> Result<Vec<crate::ApprovalRow>, StoreError> {
+        self.read_check()?;
+        self.inner.approvals()
+    }
+
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError> {
         self.read_check()?;
         self.inner.open_ops()

@@ -129,6 +129,18 @@ pub struct Commit {
     pub open_ops: Vec<OpenOp>,
     /// Command ids whose open operation finished (deleted; unknown ids are a no-op).
     pub closed_ops: Vec<String>,
+    /// Approval records to insert or overwrite (the kernel owns their meaning).
+    pub approvals: Vec<ApprovalRow>,
+}
+
+/// One approval record, stored whole: the kernel's state machine writes the
+/// latest version; the chain holds every request, vote and outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRow {
+    /// The approval's id.
+    pub approval_id: String,
+    /// The record (binding, input digest, principal, votes, status, ...).
+    pub record: Value,
 }
 
 /// A physical operation whose start is durable and whose finish is not yet:
@@ -252,6 +264,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Operations started and not finished (see [`OpenOp`]).
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError>;
+
+    /// Every approval record, oldest first.
+    fn approvals(&self) -> Result<Vec<ApprovalRow>, StoreError>;
 
     /// Budget rows with `ts_ms >= ts_ms`, oldest first.
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError>;

@@ -26,6 +26,7 @@ struct State {
     /// Bumped by every applied commit (the change token).
     version: u64,
     open_ops: BTreeMap<String, crate::OpenOp>,
+    approvals: Vec<crate::ApprovalRow>,
 }
 
 impl State {
@@ -165,6 +166,16 @@ impl Backend for MemoryBackend {
             for id in &c.closed_ops {
                 st.open_ops.remove(id);
             }
+            for (a, _) in &c.approvals {
+                match st
+                    .approvals
+                    .iter_mut()
+                    .find(|x| x.approval_id == a.approval_id)
+                {
+                    Some(x) => x.record = a.record.clone(),
+                    None => st.approvals.push(a.clone()),
+                }
+            }
             for id in &c.budget_releases {
                 if let Some(&at) = st.budget_index.get(id) {
                     if let Some(row) = st.budget.get_mut(at) {
@@ -223,6 +234,10 @@ impl Store for MemoryStore {
                 revision,
             })
             .collect())
+    }
+
+    fn approvals(&self) -> Result<Vec<crate::ApprovalRow>, StoreError> {
+        Ok(lock(&self.state).approvals.clone())
     }
 
     fn open_ops(&self) -> Result<Vec<crate::OpenOp>, StoreError> {

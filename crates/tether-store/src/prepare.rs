@@ -46,6 +46,7 @@ pub(crate) struct Prepared {
     pub budget_releases: Vec<String>,
     pub open_ops: Vec<(crate::OpenOp, String)>,
     pub closed_ops: Vec<String>,
+    pub approvals: Vec<(crate::ApprovalRow, String)>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -89,6 +90,7 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         ("budget_releases", c.budget_releases.len()),
         ("open_ops", c.open_ops.len()),
         ("closed_ops", c.closed_ops.len()),
+        ("approvals", c.approvals.len()),
     ];
     for (what, n) in counts {
         if n > MAX_ITEMS_PER_COMMIT {
@@ -173,7 +175,13 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         let info_json = bounded_json(&op.info, "open operation info")?;
         open_ops.push((op, info_json));
     }
+    let mut approvals = Vec::with_capacity(c.approvals.len());
+    for a in c.approvals {
+        let record_json = bounded_json(&a.record, "approval record")?;
+        approvals.push((a, record_json));
+    }
     Ok(Prepared {
+        approvals,
         events,
         receipts,
         revisions: c.revisions,

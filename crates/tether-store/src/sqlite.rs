@@ -20,7 +20,7 @@ use std::time::Duration;
 pub const DB_FILE_NAME: &str = "tether.db";
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another process holding the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -35,9 +35,10 @@ pub(crate) const PAGE_ROWS: i64 = 1024;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE events(
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE events(
         seq INTEGER PRIMARY KEY,
         hash TEXT NOT NULL,
         line TEXT NOT NULL
@@ -75,7 +76,16 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL
     ) WITHOUT ROWID;",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE approvals(
+        approval_id TEXT PRIMARY KEY,
+        record TEXT NOT NULL,
+        created_seq INTEGER NOT NULL
+    );",
+    ),
+];
 
 /// SQLite-backed [`Store`].
 pub struct SqliteStore {
@@ -530,6 +540,19 @@ impl SqliteBackend {
                 delete.execute([id])?;
             }
         }
+        if !c.approvals.is_empty() {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO approvals(approval_id, record, created_seq) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record",
+            )?;
+            for (a, record_json) in &c.approvals {
+                upsert.execute(params![
+                    &a.approval_id,
+                    record_json,
+                    seq_to_db(self.head.seq)?
+                ])?;
+            }
+        }
         Ok(Ok(CommitAck {
             first_seq,
             last_seq: self.head.seq,
@@ -625,6 +648,25 @@ impl Store for SqliteStore {
             let info: Value = serde_json::from_str(&info)
                 .map_err(|e| corrupt_json("open operation", &command_id, e))?;
             out.push(crate::OpenOp { command_id, info });
+        }
+        Ok(out)
+    }
+
+    fn approvals(&self) -> Result<Vec<crate::ApprovalRow>, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT approval_id, record FROM approvals ORDER BY created_seq, approval_id",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (approval_id, record) = row?;
+            let record: Value = serde_json::from_str(&record)
+                .map_err(|e| corrupt_json("approval", &approval_id, e))?;
+            out.push(crate::ApprovalRow {
+                approval_id,
+                record,
+            });
         }
         Ok(out)
     }

@@ -60,6 +60,10 @@ fn full_commit(id: &str) -> Commit {
             info: json!({"device_id": "dev1"}),
         }],
         closed_ops: vec![],
+        approvals: vec![tether_store::ApprovalRow {
+            approval_id: format!("appr-{id}"),
+            record: json!({"status": "pending", "votes": []}),
+        }],
     }
 }
 
@@ -125,6 +129,35 @@ fn commit_and_read_back() {
         assert_eq!(s.export_chain(&mut out).expect("export"), 2);
         assert!(verify_jsonl(&out[..]).ok);
     });
+}
+
+#[test]
+fn approvals_upsert_keep_creation_order_and_survive_reopen() {
+    both(|s| {
+        s.commit_blocking(full_commit("a")).expect("a");
+        s.commit_blocking(full_commit("b")).expect("b");
+        // A later vote overwrites the record in place; the order stays by creation.
+        s.commit_blocking(Commit {
+            approvals: vec![tether_store::ApprovalRow {
+                approval_id: "appr-a".into(),
+                record: json!({"status": "approved", "votes": [{"by": "op"}]}),
+            }],
+            ..Commit::default()
+        })
+        .expect("vote");
+        let rows = s.approvals().expect("approvals");
+        let ids: Vec<&str> = rows.iter().map(|r| r.approval_id.as_str()).collect();
+        assert_eq!(ids, ["appr-a", "appr-b"]);
+        assert_eq!(rows[0].record["status"], "approved");
+        assert_eq!(rows[1].record["status"], "pending");
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(full_commit("x")).expect("x");
+    }
+    let s = SqliteStore::open(dir.path()).expect("reopen");
+    assert_eq!(s.approvals().expect("approvals")[0].approval_id, "appr-x");
 }
 
 #[test]

@@ -28,6 +28,17 @@ pub fn single_device_kernel(
     driver: Arc<dyn Driver>,
     store: Arc<dyn Store>,
 ) -> Kernel {
+    single_device_kernel_with(device_id, text, driver, store, KernelConfig::standard("t"))
+}
+
+/// The same, with an explicit kernel config (a policy, a TTL, ...).
+pub fn single_device_kernel_with(
+    device_id: &str,
+    text: &str,
+    driver: Arc<dyn Driver>,
+    store: Arc<dyn Store>,
+    config: KernelConfig,
+) -> Kernel {
     let src = ManifestSource {
         origin: format!("{device_id}.toml"),
         text: text.into(),
@@ -35,7 +46,7 @@ pub fn single_device_kernel(
     let cell = load(&[src], None).expect("the test manifest loads");
     let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
     drivers.insert(device_id.into(), driver);
-    Kernel::new(KernelConfig::standard("t"), cell, drivers, store).expect("kernel")
+    Kernel::new(config, cell, drivers, store).expect("kernel")
 }
 
 /// Opens a session granting everything; returns its id.

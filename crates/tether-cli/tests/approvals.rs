@@ -1,0 +1,540 @@
+//! The ControlPolicy and approvals over HTTP with several principals: holds
+//! with a quorum of distinct operators, resume by the same `command_id`,
+//! refusals for agents, requesters and second votes, durability across a
+//! restart, a policy that now forbids, fingerprints, expiry, denial, the CLI,
+//! and invalid policies refusing start-up.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const AGENT: &str = "agent-token-1c2d";
+const ALICE: &str = "alice-token-9e8f";
+const BOB: &str = "bob-token-7a6b";
+const CAROL: &str = "carol-token-5d4c";
+const SERVICE: &str = "svc-token-3b2a";
+
+/// Setpoints above 60 degC wait for two operators, for anyone; everything
+/// else on the simulated cell is allowed.
+const HOLD_POLICY: &str = r#"
+@id("reads") permit(principal, action == Tether::Action::"read", resource);
+@id("cell") permit(principal, action, resource) when { context.mode == "simulated" };
+@id("hot-setpoints")
+@hold("setpoints above 60 degC need two operators")
+@quorum("2")
+permit(principal, action == Tether::Action::"command", resource)
+  when { resource.capability == "cap.thermal.setpoint.v1" &&
+         context.input has target_temperature &&
+         context.input.target_temperature.greaterThan(decimal("60.0")) };
+"#;
+
+/// The same, plus a forbid that now refuses hot setpoints outright.
+const FORBID_POLICY: &str = r#"
+@id("reads") permit(principal, action == Tether::Action::"read", resource);
+@id("cell") permit(principal, action, resource) when { context.mode == "simulated" };
+@id("no-hot-setpoints") @reason("hot setpoints are forbidden since the incident review")
+forbid(principal, action == Tether::Action::"command", resource)
+  when { context.input has target_temperature &&
+         context.input.target_temperature.greaterThan(decimal("60.0")) };
+"#;
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+fn principal(id: &str, kind: &str, roles: &str, token: &str) -> String {
+    format!(
+        "[[principals]]\nid = \"{id}\"\nkind = \"{kind}\"\nroles = [{roles}]\ntoken_sha256 = \"{}\"\n\n",
+        sha256_hex(token)
+    )
+}
+
+/// Writes `tether.toml` and `policy.cedar` into `dir`; answers the config path.
+fn write_config(dir: &Path, policy: &str, extra: &str) -> PathBuf {
+    std::fs::write(dir.join("policy.cedar"), policy).expect("policy");
+    let mut text = format!("builtin_cell = true\npolicy = \"policy.cedar\"\n{extra}\n");
+    text.push_str(&principal("planner", "agent", "", AGENT));
+    text.push_str(&principal("alice", "human", "\"operator\"", ALICE));
+    text.push_str(&principal("bob", "human", "\"operator\"", BOB));
+    text.push_str(&principal("carol", "human", "", CAROL));
+    text.push_str(&principal("ingest", "service", "", SERVICE));
+    let path = dir.join("tether.toml");
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+fn start(dir: &Path, cfg: &Path) -> Server {
+    Server::start_with(
+        Transport::Http,
+        Some(&dir.join("state")),
+        &[OsStr::new("--config"), cfg.as_os_str()],
+    )
+}
+
+fn call(s: &Server, token: &str, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    let headers = format!("Authorization: Bearer {token}\r\n");
+    let r = http_post_with(s.addr(), body.as_bytes(), TIMEOUT, &headers);
+    assert_eq!(r.status, 200, "{method}: {}", r.text());
+    r.json()
+}
+
+fn ok(s: &Server, token: &str, method: &str, params: Value) -> Value {
+    let a = call(s, token, method, params.clone());
+    assert!(a.get("error").is_none(), "{method} {params}: {a}");
+    a["result"].clone()
+}
+
+fn err(s: &Server, token: &str, method: &str, params: Value) -> Value {
+    let a = call(s, token, method, params.clone());
+    assert!(
+        a.get("result").is_none(),
+        "{method} {params} succeeded: {a}"
+    );
+    a["error"].clone()
+}
+
+fn session(s: &Server, token: &str) -> String {
+    ok(s, token, "mhs.session.open", json!({}))["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_owned()
+}
+
+fn setpoint(s: &Server, token: &str, sid: &str, command_id: &str, t: f64) -> Value {
+    ok(
+        s,
+        token,
+        "mhs.command",
+        json!({"session_id": sid, "device_id": "thermostat-1", "capability_id": "cap.thermal.setpoint.v1", "input": {"target_temperature": t}, "command_id": command_id}),
+    )
+}
+
+fn decide(s: &Server, token: &str, id: &str, decision: &str) -> Value {
+    call(
+        s,
+        token,
+        "mhs.approvals.decide",
+        json!({"approval_id": id, "decision": decision, "reason": "test"}),
+    )
+}
+
+fn held_approval(receipt: &Value) -> String {
+    let d = assert_rejected(receipt, "MHS.POLICY.HELD");
+    d["approval_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("hold without approval_id: {receipt}"))
+        .to_owned()
+}
+
+fn live_setpoint(s: &Server, token: &str, sid: &str) -> f64 {
+    ok(
+        s,
+        token,
+        "mhs.resource.read",
+        json!({"session_id": sid, "device_id": "thermostat-1", "resource": "main"}),
+    )["state"]["setpoint"]
+        .as_f64()
+        .expect("setpoint")
+}
+
+#[test]
+fn quorum_of_two_distinct_operators_then_resume_by_command_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let before = live_setpoint(&s, AGENT, &sid);
+
+    // Below the threshold: allowed, and the receipt says which policy allowed it.
+    let cool = setpoint(&s, AGENT, &sid, "cool-1", 40.0);
+    assert_eq!(cool["status"], "completed", "{cool}");
+    assert_eq!(cool["decision"], "allow");
+    assert_eq!(cool["policy"]["policies"], json!(["cell"]), "{cool}");
+
+    // Above it: held, nothing dispatched.
+    let held = setpoint(&s, AGENT, &sid, "hot-1", 70.0);
+    let id = held_approval(&held);
+    assert_eq!(held["error"]["details"]["quorum"], 2, "{held}");
+    assert_eq!(held["policy"]["decision"], "hold", "{held}");
+    assert_eq!(
+        held["policy"]["policies"],
+        json!(["hot-setpoints"]),
+        "{held}"
+    );
+    assert_eq!(live_setpoint(&s, AGENT, &sid), 40.0);
+    assert_ne!(before, 70.0);
+
+    // Sending it again while pending answers the same approval, not a new one.
+    assert_eq!(held_approval(&setpoint(&s, AGENT, &sid, "hot-1", 70.0)), id);
+
+    // Who may not decide.
+    let e = err(
+        &s,
+        AGENT,
+        "mhs.approvals.decide",
+        json!({"approval_id": id, "decision": "approve", "reason": "me"}),
+    );
+    assert_eq!(
+        assert_rpc_error(&e, "MHS.AUTH.FORBIDDEN")["reason"],
+        "operator_required"
+    );
+    let e = err(
+        &s,
+        CAROL,
+        "mhs.approvals.decide",
+        json!({"approval_id": id, "decision": "approve"}),
+    );
+    assert_eq!(
+        assert_rpc_error(&e, "MHS.AUTH.FORBIDDEN")["reason"],
+        "operator_required"
+    );
+    let e = err(
+        &s,
+        SERVICE,
+        "mhs.approvals.decide",
+        json!({"approval_id": id, "decision": "approve"}),
+    );
+    assert_eq!(
+        assert_rpc_error(&e, "MHS.AUTH.FORBIDDEN")["reason"],
+        "operator_required"
+    );
+
+    // The agent sees its own approval; operators see it in the pending list.
+    let mine = ok(&s, AGENT, "mhs.approvals.get", json!({"approval_id": id}));
+    assert_eq!(mine["status"], "pending");
+    let pending = ok(
+        &s,
+        ALICE,
+        "mhs.approvals.list",
+        json!({"status": "pending"}),
+    );
+    assert!(pending["approvals"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .any(|a| a["approval_id"] == id.as_str()));
+
+    // One operator is not a quorum, and may not vote twice.
+    let first = decide(&s, ALICE, &id, "approve");
+    assert_eq!(first["result"]["status"], "pending", "{first}");
+    assert_eq!(first["result"]["approvals"], 1);
+    let again = decide(&s, ALICE, &id, "approve");
+    assert_eq!(
+        assert_rpc_error(&again["error"], "MHS.AUTH.FORBIDDEN")["reason"],
+        "already_voted"
+    );
+    assert_eq!(
+        held_approval(&setpoint(&s, AGENT, &sid, "hot-1", 70.0)),
+        id,
+        "still pending after one vote"
+    );
+
+    let second = decide(&s, BOB, &id, "approve");
+    assert_eq!(second["result"]["status"], "approved", "{second}");
+
+    // The approval is fingerprinted: another input under the same id does not resume.
+    let other = setpoint(&s, AGENT, &sid, "hot-1", 75.0);
+    let other_id = held_approval(&other);
+    assert_ne!(other_id, id);
+    assert_eq!(
+        live_setpoint(&s, AGENT, &sid),
+        40.0,
+        "the other input did not run"
+    );
+
+    // The same command_id and input resumes and runs the whole order.
+    let done = setpoint(&s, AGENT, &sid, "hot-1", 70.0);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["approval_id"], id.as_str());
+    assert_eq!(done["decision"], "allow");
+    assert_eq!(live_setpoint(&s, AGENT, &sid), 70.0);
+    // Sending it once more replays the receipt; the approval is spent.
+    let replay = setpoint(&s, AGENT, &sid, "hot-1", 70.0);
+    assert_eq!(replay["replayed"], true, "{replay}");
+    assert_eq!(
+        ok(&s, ALICE, "mhs.approvals.get", json!({"approval_id": id}))["status"],
+        "used"
+    );
+    // A new command id is a new request: held again.
+    assert_ne!(held_approval(&setpoint(&s, AGENT, &sid, "hot-2", 70.0)), id);
+
+    // Every request, vote and use is in the evidence chain.
+    let export = tether(&[
+        OsStr::new("audit"),
+        OsStr::new("export"),
+        OsStr::new("--state-dir"),
+        dir.path().join("state").as_os_str(),
+    ]);
+    let text = export.stdout_text();
+    for kind in ["approval.requested", "approval.vote", "approval.used"] {
+        assert!(
+            text.contains(&format!("\"kind\":\"{kind}\"")),
+            "{kind} missing from the chain"
+        );
+    }
+    assert!(
+        !text.contains(ALICE) && !text.contains(AGENT),
+        "tokens never reach the evidence"
+    );
+}
+
+#[test]
+fn the_requester_never_approves_its_own_hold() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, ALICE);
+    let id = held_approval(&setpoint(&s, ALICE, &sid, "alice-hot", 65.0));
+    let e = decide(&s, ALICE, &id, "approve");
+    assert_eq!(
+        assert_rpc_error(&e["error"], "MHS.AUTH.FORBIDDEN")["reason"],
+        "requester_cannot_decide"
+    );
+    // Others' approvals are invisible to a non-operator.
+    let e = err(&s, AGENT, "mhs.approvals.get", json!({"approval_id": id}));
+    assert_rpc_error(&e, "MHS.POLICY.APPROVAL_UNKNOWN");
+    let e = err(
+        &s,
+        ALICE,
+        "mhs.approvals.get",
+        json!({"approval_id": "appr_nope"}),
+    );
+    assert_rpc_error(&e, "MHS.POLICY.APPROVAL_UNKNOWN");
+}
+
+#[test]
+fn approvals_survive_a_restart_and_resume_from_a_new_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let mut s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "restart-1", 66.0));
+    assert_eq!(decide(&s, ALICE, &id, "approve")["result"]["approvals"], 1);
+    s.kill();
+
+    let s = start(dir.path(), &cfg);
+    let got = ok(&s, BOB, "mhs.approvals.get", json!({"approval_id": id}));
+    assert_eq!(got["status"], "pending");
+    assert_eq!(got["votes"][0]["by"], "alice", "the vote survived: {got}");
+    assert_eq!(
+        decide(&s, BOB, &id, "approve")["result"]["status"],
+        "approved"
+    );
+    let sid = session(&s, AGENT);
+    let done = setpoint(&s, AGENT, &sid, "restart-1", 66.0);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(live_setpoint(&s, AGENT, &sid), 66.0);
+}
+
+#[test]
+fn an_approval_never_overrides_a_policy_that_now_forbids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let mut s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "forbid-1", 68.0));
+    decide(&s, ALICE, &id, "approve");
+    assert_eq!(
+        decide(&s, BOB, &id, "approve")["result"]["status"],
+        "approved"
+    );
+    s.kill();
+
+    let cfg = write_config(dir.path(), FORBID_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let r = setpoint(&s, AGENT, &sid, "forbid-1", 68.0);
+    let details = assert_rejected(&r, "MHS.POLICY.DENIED");
+    assert_eq!(
+        details["policy"]["policies"],
+        json!(["no-hot-setpoints"]),
+        "{r}"
+    );
+    assert_eq!(
+        details["policy"]["reason"],
+        "hot setpoints are forbidden since the incident review"
+    );
+    assert_ne!(live_setpoint(&s, AGENT, &sid), 68.0);
+    // The approval stays unused.
+    assert_eq!(
+        ok(&s, ALICE, "mhs.approvals.get", json!({"approval_id": id}))["status"],
+        "approved"
+    );
+}
+
+#[test]
+fn a_denial_is_durable_and_final() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let mut s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "deny-1", 80.0));
+    assert_eq!(decide(&s, ALICE, &id, "deny")["result"]["status"], "denied");
+    let late = decide(&s, BOB, &id, "approve");
+    assert_eq!(
+        assert_rpc_error(&late["error"], "MHS.POLICY.APPROVAL_CLOSED")["status"],
+        "denied"
+    );
+    let r = setpoint(&s, AGENT, &sid, "deny-1", 80.0);
+    assert_eq!(
+        assert_rejected(&r, "MHS.POLICY.DENIED")["approval_id"],
+        id.as_str()
+    );
+    s.kill();
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let r = setpoint(&s, AGENT, &sid, "deny-1", 80.0);
+    assert_rejected(&r, "MHS.POLICY.DENIED");
+}
+
+#[test]
+fn an_expired_approval_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "approval_ttl_s = 1");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "ttl-1", 61.0));
+    std::thread::sleep(Duration::from_millis(1300));
+    let e = decide(&s, ALICE, &id, "approve");
+    assert_rpc_error(&e["error"], "MHS.POLICY.APPROVAL_EXPIRED");
+    let r = setpoint(&s, AGENT, &sid, "ttl-1", 61.0);
+    assert_rejected(&r, "MHS.POLICY.APPROVAL_EXPIRED");
+    assert_eq!(
+        ok(
+            &s,
+            ALICE,
+            "mhs.approvals.list",
+            json!({"status": "expired"})
+        )["approvals"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+}
+
+fn tether_with_token(token: &str, args: &[&OsStr]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .env("TETHER_TOKEN", token)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run tether");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn operators_decide_from_the_cli() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "cli-1", 62.0));
+    let url = format!("http://{}/rpc", s.addr());
+    let endpoint = [OsStr::new("--endpoint"), OsStr::new(url.as_str())];
+
+    let (code, out, _) = tether_with_token(
+        ALICE,
+        &[
+            &[OsStr::new("approvals"), OsStr::new("list")][..],
+            &endpoint[..],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0));
+    assert!(out.contains(&id) && out.contains("pending"), "{out}");
+
+    // An agent's token cannot decide from the CLI either.
+    let (code, _, err_text) = tether_with_token(
+        AGENT,
+        &[
+            &[
+                OsStr::new("approvals"),
+                OsStr::new("approve"),
+                OsStr::new(id.as_str()),
+            ][..],
+            &endpoint[..],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(1), "{err_text}");
+    assert!(err_text.contains("MHS.AUTH.FORBIDDEN"), "{err_text}");
+
+    for token in [ALICE, BOB] {
+        let (code, out, err_text) = tether_with_token(
+            token,
+            &[
+                &[
+                    OsStr::new("approvals"),
+                    OsStr::new("approve"),
+                    OsStr::new(id.as_str()),
+                ][..],
+                &endpoint[..],
+            ]
+            .concat(),
+        );
+        assert_eq!(code, Some(0), "{out}{err_text}");
+    }
+    assert_eq!(
+        setpoint(&s, AGENT, &sid, "cli-1", 62.0)["status"],
+        "completed"
+    );
+}
+
+#[test]
+fn invalid_policies_refuse_start_up_naming_the_policy_and_the_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = r#"@id("typo-rule") permit(principal, action, resource) when { resource.capabilty == "x" };"#;
+    let cfg = write_config(dir.path(), bad, "");
+    let run = tether(&[
+        OsStr::new("serve"),
+        OsStr::new("--config"),
+        cfg.as_os_str(),
+        OsStr::new("--state-dir"),
+        dir.path().join("state").as_os_str(),
+        OsStr::new("--http"),
+        OsStr::new("127.0.0.1:0"),
+    ]);
+    assert_ne!(run.code, Some(0));
+    assert!(
+        run.stderr.contains("policy.cedar") && run.stderr.contains("typo-rule"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("capabilty"),
+        "the error names the attribute: {}",
+        run.stderr
+    );
+
+    let check = tether(&[OsStr::new("check"), cfg.as_os_str()]);
+    assert_eq!(check.code, Some(1), "{}", check.stderr);
+    assert!(check.stderr.contains("typo-rule"), "{}", check.stderr);
+
+    let unparsable = write_config(dir.path(), "permit(principal, action", "");
+    let run = tether(&[OsStr::new("check"), unparsable.as_os_str()]);
+    assert_eq!(run.code, Some(1));
+    assert!(run.stderr.contains("does not parse"), "{}", run.stderr);
+
+    let good = write_config(dir.path(), HOLD_POLICY, "");
+    let run = tether(&[OsStr::new("check"), good.as_os_str()]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout_text().contains("hot-setpoints"),
+        "{}",
+        run.stdout_text()
+    );
+
+    let file = dir.path().join("policy.cedar");
+    let run = tether(&[OsStr::new("check"), file.as_os_str()]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+}

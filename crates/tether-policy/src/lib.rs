@@ -1,0 +1,673 @@
+//! # tether-policy — the ControlPolicy
+//!
+//! Owns the decision *who may do what*: Cedar policies, validated against a
+//! Tether schema generated from the served cell, turned into **allow**,
+//! **hold** or **deny** with the determining policy ids and a reason.
+//!
+//! Decision rule: any matching `forbid` → deny; otherwise any matching
+//! `permit` annotated `@hold("why")` → hold (`@quorum("N")` asks for N
+//! distinct approvers); otherwise any matching `permit` → allow; otherwise
+//! deny. A policy that errors while evaluated makes the decision deny: a check
+//! that cannot be evaluated refuses.
+//!
+//! **Never belongs here:** I/O, approvals bookkeeping, sessions, limits (the
+//! kernel owns those; this crate is pure and answers one question).
+//!
+//! **Depends on:** cedar-policy, serde_json. **Depended on by:** tether-kernel,
+//! tether-cli (for `tether check`).
+#![deny(missing_docs)]
+
+mod input;
+pub mod shape;
+
+pub use shape::{BindingShape, CellShape, DeviceShape, Flags};
+
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Effect, Entities, Entity, EntityId,
+    EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, Request, RestrictedExpression, Schema,
+    ValidationMode, Validator,
+};
+use input::CType;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::str::FromStr;
+
+/// Name shown for the built-in policy.
+pub const DEFAULT_POLICY_NAME: &str = "default.cedar (built in)";
+/// Largest quorum a policy may ask for.
+pub const QUORUM_MAX: u32 = 16;
+/// Most policies in one set (a bound on decision cost).
+pub const POLICIES_MAX: usize = 10_000;
+
+/// The default policy's source text.
+pub fn default_source() -> &'static str {
+    include_str!("../default.cedar")
+}
+
+/// Kind of principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrincipalKind {
+    /// An agent (a model or its harness).
+    Agent,
+    /// A person.
+    Human,
+    /// Another program.
+    Service,
+}
+
+impl PrincipalKind {
+    fn type_name(self) -> &'static str {
+        match self {
+            Self::Agent => "Tether::Agent",
+            Self::Human => "Tether::Human",
+            Self::Service => "Tether::Service",
+        }
+    }
+}
+
+/// Who asks.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    /// Principal id.
+    pub id: &'a str,
+    /// Kind.
+    pub kind: PrincipalKind,
+    /// Whether the principal holds the operator role.
+    pub operator: bool,
+}
+
+/// What is asked (the Cedar action).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Reading state.
+    Read,
+    /// Writing configuration.
+    Write,
+    /// Running an action.
+    Command,
+}
+
+impl Action {
+    /// The action id.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Command => "command",
+        }
+    }
+}
+
+/// The outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Go on.
+    Allow,
+    /// Wait for people.
+    Hold,
+    /// Refuse.
+    Deny,
+}
+
+impl Decision {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Hold => "hold",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+/// A decision with its reasons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Allow, hold or deny.
+    pub decision: Decision,
+    /// The determining policy ids (forbids for a deny, holds for a hold, the
+    /// satisfied permits for an allow; empty for the default deny).
+    pub policies: Vec<String>,
+    /// Why, in words.
+    pub reason: String,
+    /// Distinct approvers a hold needs (0 unless held).
+    pub quorum: u32,
+}
+
+impl Verdict {
+    /// The evidence and receipt view.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({"decision": self.decision.as_str(), "policies": self.policies, "reason": self.reason});
+        if self.decision == Decision::Hold {
+            v["quorum"] = json!(self.quorum);
+        }
+        v
+    }
+
+    fn deny(policies: Vec<String>, reason: String) -> Self {
+        Self {
+            decision: Decision::Deny,
+            policies,
+            reason,
+            quorum: 0,
+        }
+    }
+}
+
+/// A policy that cannot be used; start-up refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The text does not parse as Cedar.
+    #[error("policy {name}: does not parse: {message}")]
+    Parse {
+        /// Policy file name.
+        name: String,
+        /// Parser messages.
+        message: String,
+    },
+    /// The policies do not validate against the Tether schema.
+    #[error("policy {name}: does not validate against the Tether schema: {message}")]
+    Validation {
+        /// Policy file name.
+        name: String,
+        /// Validator messages, one per line.
+        message: String,
+    },
+    /// An annotation is misused (`@hold` on a forbid, a bad `@quorum`, a repeated `@id`).
+    #[error("policy {name}: policy `{policy}`: {message}")]
+    Annotation {
+        /// Policy file name.
+        name: String,
+        /// Policy id.
+        policy: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The generated schema failed (a bug, or a cell Cedar cannot describe).
+    #[error("the Tether schema for this cell could not be built: {0}")]
+    Schema(String),
+}
+
+#[derive(Debug, Clone)]
+struct Meta {
+    hold: Option<String>,
+    quorum: u32,
+    reason: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct BindingEnt {
+    uid: EntityUid,
+    device: Entity,
+    binding: Entity,
+    mode: String,
+    risk: String,
+    device_risk: String,
+    flags: Flags,
+}
+
+/// A loaded, validated ControlPolicy for one cell.
+#[derive(Debug)]
+pub struct ControlPolicy {
+    name: String,
+    set: PolicySet,
+    meta: HashMap<String, Meta>,
+    bindings: Vec<Vec<BindingEnt>>,
+    input_type: CType,
+    actions: [EntityUid; 3],
+    authorizer: Authorizer,
+}
+
+impl ControlPolicy {
+    /// Parses, annotates and validates `text` (named `name` in messages) for
+    /// the cell described by `cell`.
+    ///
+    /// # Errors
+    /// Parse, annotation and validation defects, each naming the policy.
+    pub fn load(name: &str, text: &str, cell: &CellShape) -> Result<Self, PolicyError> {
+        let input_type = input_type(cell);
+        let schema = build_schema(&input_type)?;
+        let (set, meta) = parse(name, text)?;
+        let result = Validator::new(schema).validate(&set, ValidationMode::Strict);
+        let errors: Vec<String> = result.validation_errors().map(|e| format!("{e}")).collect();
+        if !errors.is_empty() {
+            return Err(PolicyError::Validation {
+                name: name.to_owned(),
+                message: errors.join("\n"),
+            });
+        }
+        let bindings = cell
+            .devices
+            .iter()
+            .map(binding_entities)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            name: name.to_owned(),
+            set,
+            meta,
+            bindings,
+            input_type: CType::Record(match input_type {
+                CType::Record(f) => f,
+                _ => BTreeMap::new(),
+            }),
+            actions: [
+                action_uid(Action::Read)?,
+                action_uid(Action::Write)?,
+                action_uid(Action::Command)?,
+            ],
+            authorizer: Authorizer::new(),
+        })
+    }
+
+    /// The built-in default policy for `cell`.
+    ///
+    /// # Errors
+    /// Only if the cell cannot be described (the default text is tested).
+    pub fn default_for(cell: &CellShape) -> Result<Self, PolicyError> {
+        Self::load(DEFAULT_POLICY_NAME, default_source(), cell)
+    }
+
+    /// The policy file's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Policy ids in the set.
+    pub fn policy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.meta.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Decides one request on binding `binding` of device `device` (indices
+    /// in the cell's order). Never panics; anything that cannot be evaluated
+    /// denies.
+    pub fn decide(
+        &self,
+        who: &Subject<'_>,
+        action: Action,
+        device: usize,
+        binding: usize,
+        input: &Value,
+    ) -> Verdict {
+        let Some(b) = self.bindings.get(device).and_then(|d| d.get(binding)) else {
+            return Verdict::deny(Vec::new(), "the binding is unknown to the policy".into());
+        };
+        match self.evaluate(who, action, b, input) {
+            Ok(v) => v,
+            Err(why) => Verdict::deny(
+                Vec::new(),
+                format!("the policy could not be evaluated: {why}"),
+            ),
+        }
+    }
+
+    fn evaluate(
+        &self,
+        who: &Subject<'_>,
+        action: Action,
+        b: &BindingEnt,
+        input: &Value,
+    ) -> Result<Verdict, String> {
+        let principal = principal_entity(who)?;
+        let principal_uid = principal.uid();
+        let entities =
+            Entities::from_entities([principal, b.device.clone(), b.binding.clone()], None)
+                .map_err(|e| e.to_string())?;
+        let input = input::convert(input, &self.input_type, 0)?.unwrap_or_else(|| {
+            RestrictedExpression::new_record([])
+                .unwrap_or_else(|_| RestrictedExpression::new_bool(false))
+        });
+        let context = Context::from_pairs([
+            ("input".to_owned(), input),
+            (
+                "mode".to_owned(),
+                RestrictedExpression::new_string(b.mode.clone()),
+            ),
+            (
+                "risk_class".to_owned(),
+                RestrictedExpression::new_string(b.risk.clone()),
+            ),
+            (
+                "device_risk_class".to_owned(),
+                RestrictedExpression::new_string(b.device_risk.clone()),
+            ),
+            ("flags".to_owned(), flags_record(b.flags)?),
+        ])
+        .map_err(|e| e.to_string())?;
+        let action_uid = match action {
+            Action::Read => &self.actions[0],
+            Action::Write => &self.actions[1],
+            Action::Command => &self.actions[2],
+        };
+        let request = Request::new(
+            principal_uid,
+            action_uid.clone(),
+            b.uid.clone(),
+            context,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        let response = self
+            .authorizer
+            .is_authorized(&request, &self.set, &entities);
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| e.to_string())
+            .collect();
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
+        let mut determining: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|id| id.to_string())
+            .collect();
+        determining.sort();
+        Ok(match response.decision() {
+            CedarDecision::Deny if determining.is_empty() => Verdict::deny(
+                Vec::new(),
+                "no policy permits this request (default deny)".into(),
+            ),
+            CedarDecision::Deny => {
+                let reason = self.reasons(&determining, |m| m.reason.clone(), "forbidden by");
+                Verdict::deny(determining, reason)
+            }
+            CedarDecision::Allow => self.allow_or_hold(determining),
+        })
+    }
+
+    fn allow_or_hold(&self, permits: Vec<String>) -> Verdict {
+        let holds: Vec<String> = permits
+            .iter()
+            .filter(|id| self.meta.get(*id).is_some_and(|m| m.hold.is_some()))
+            .cloned()
+            .collect();
+        if holds.is_empty() {
+            let reason = self.reasons(&permits, |m| m.reason.clone(), "permitted by");
+            return Verdict {
+                decision: Decision::Allow,
+                policies: permits,
+                reason,
+                quorum: 0,
+            };
+        }
+        let quorum = holds
+            .iter()
+            .filter_map(|id| self.meta.get(id))
+            .map(|m| m.quorum)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let reason = self.reasons(&holds, |m| m.hold.clone(), "held by");
+        Verdict {
+            decision: Decision::Hold,
+            policies: holds,
+            reason,
+            quorum,
+        }
+    }
+
+    fn reasons(
+        &self,
+        ids: &[String],
+        pick: impl Fn(&Meta) -> Option<String>,
+        verb: &str,
+    ) -> String {
+        let mut out = String::new();
+        for id in ids {
+            if !out.is_empty() {
+                out.push_str("; ");
+            }
+            match self.meta.get(id).and_then(&pick) {
+                Some(r) => out.push_str(&r),
+                None => {
+                    let _ = write!(out, "{verb} policy `{id}`");
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The Tether schema (Cedar schema syntax) for a cell, as `tether check` and
+/// the docs print it.
+///
+/// # Errors
+/// None today; kept fallible for cells Cedar cannot describe.
+pub fn schema_text(cell: &CellShape) -> String {
+    schema_source(&input_type(cell))
+}
+
+fn input_type(cell: &CellShape) -> CType {
+    let mut fields = BTreeMap::new();
+    for d in &cell.devices {
+        for b in &d.bindings {
+            if let Some(CType::Record(f)) = input::from_schema(&b.input_schema, 0) {
+                input::union(&mut fields, &f);
+            }
+        }
+    }
+    CType::Record(fields)
+}
+
+fn schema_source(input: &CType) -> String {
+    format!(
+        r#"namespace Tether {{
+  type Input = {input};
+  type Flags = {{ stop_class: Bool, risk_reducing: Bool, safe_place: Bool, two_person: Bool }};
+  entity Agent = {{ roles: Set<String>, operator: Bool }};
+  entity Human = {{ roles: Set<String>, operator: Bool }};
+  entity Service = {{ roles: Set<String>, operator: Bool }};
+  entity Device = {{ mode: String, risk_class: String }};
+  entity Binding in [Device] = {{
+    device: String, capability: String, verb: String, risk: String, resource: String,
+    stop_class: Bool, risk_reducing: Bool, safe_place: Bool, two_person: Bool
+  }};
+  action read, write, command appliesTo {{
+    principal: [Agent, Human, Service],
+    resource: [Binding],
+    context: {{ input: Input, mode: String, risk_class: String, device_risk_class: String, flags: Flags }}
+  }};
+}}
+"#,
+        input = input::schema_text(input)
+    )
+}
+
+fn build_schema(input: &CType) -> Result<Schema, PolicyError> {
+    Schema::from_cedarschema_str(&schema_source(input))
+        .map(|(s, _warnings)| s)
+        .map_err(|e| PolicyError::Schema(format!("{e:?}")))
+}
+
+fn parse(name: &str, text: &str) -> Result<(PolicySet, HashMap<String, Meta>), PolicyError> {
+    let parsed = PolicySet::from_str(text).map_err(|e| PolicyError::Parse {
+        name: name.to_owned(),
+        message: render_parse_error(&e),
+    })?;
+    let mut policies = Vec::new();
+    let mut meta = HashMap::new();
+    let mut seen = HashSet::new();
+    for p in parsed.policies() {
+        if policies.len() >= POLICIES_MAX {
+            return Err(PolicyError::Parse {
+                name: name.to_owned(),
+                message: format!("more than {POLICIES_MAX} policies"),
+            });
+        }
+        let id = p
+            .annotation("id")
+            .map_or_else(|| p.id().to_string(), str::to_owned);
+        let annotation = |message: String| PolicyError::Annotation {
+            name: name.to_owned(),
+            policy: id.clone(),
+            message,
+        };
+        if !seen.insert(id.clone()) {
+            return Err(annotation("the @id is used twice".into()));
+        }
+        let m = policy_meta(&p).map_err(annotation)?;
+        meta.insert(id.clone(), m);
+        policies.push(p.new_id(PolicyId::new(id.as_str())));
+    }
+    let set = PolicySet::from_policies(policies).map_err(|e| PolicyError::Parse {
+        name: name.to_owned(),
+        message: e.to_string(),
+    })?;
+    Ok((set, meta))
+}
+
+fn policy_meta(p: &Policy) -> Result<Meta, String> {
+    let hold = p.annotation("hold").map(str::to_owned);
+    let quorum_text = p.annotation("quorum");
+    if p.effect() == Effect::Forbid && (hold.is_some() || quorum_text.is_some()) {
+        return Err("@hold and @quorum belong on permit policies, not forbid".into());
+    }
+    if quorum_text.is_some() && hold.is_none() {
+        return Err("@quorum needs @hold on the same policy".into());
+    }
+    if hold.as_deref().is_some_and(|h| h.trim().is_empty()) {
+        return Err("@hold needs a reason, e.g. @hold(\"an operator must approve\")".into());
+    }
+    let quorum = match quorum_text {
+        None => 1,
+        Some(q) => match q.trim().parse::<u32>() {
+            Ok(n) if (1..=QUORUM_MAX).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "@quorum(\"{q}\") must be a whole number from 1 to {QUORUM_MAX}"
+                ))
+            }
+        },
+    };
+    Ok(Meta {
+        hold,
+        quorum,
+        reason: p.annotation("reason").map(str::to_owned),
+    })
+}
+
+fn render_parse_error(e: &cedar_policy::ParseErrors) -> String {
+    let mut lines = Vec::new();
+    for err in e.iter() {
+        lines.push(err.to_string());
+    }
+    if lines.is_empty() {
+        e.to_string()
+    } else {
+        lines.join("\n")
+    }
+}
+
+fn uid(type_name: &str, id: &str) -> Result<EntityUid, String> {
+    let t = EntityTypeName::from_str(type_name).map_err(|e| e.to_string())?;
+    Ok(EntityUid::from_type_name_and_id(t, EntityId::new(id)))
+}
+
+fn action_uid(a: Action) -> Result<EntityUid, PolicyError> {
+    uid("Tether::Action", a.as_str()).map_err(PolicyError::Schema)
+}
+
+fn flags_record(f: Flags) -> Result<RestrictedExpression, String> {
+    RestrictedExpression::new_record([
+        (
+            "stop_class".to_owned(),
+            RestrictedExpression::new_bool(f.stop_class),
+        ),
+        (
+            "risk_reducing".to_owned(),
+            RestrictedExpression::new_bool(f.risk_reducing),
+        ),
+        (
+            "safe_place".to_owned(),
+            RestrictedExpression::new_bool(f.safe_place),
+        ),
+        (
+            "two_person".to_owned(),
+            RestrictedExpression::new_bool(f.two_person),
+        ),
+    ])
+    .map_err(|e| e.to_string())
+}
+
+fn principal_entity(who: &Subject<'_>) -> Result<Entity, String> {
+    let roles = if who.operator {
+        vec![RestrictedExpression::new_string("operator".into())]
+    } else {
+        Vec::new()
+    };
+    let attrs = HashMap::from([
+        ("roles".to_owned(), RestrictedExpression::new_set(roles)),
+        (
+            "operator".to_owned(),
+            RestrictedExpression::new_bool(who.operator),
+        ),
+    ]);
+    Entity::new(uid(who.kind.type_name(), who.id)?, attrs, HashSet::new())
+        .map_err(|e| e.to_string())
+}
+
+fn binding_entities(d: &DeviceShape) -> Result<Vec<BindingEnt>, PolicyError> {
+    let schema_err = PolicyError::Schema;
+    let device_uid = uid("Tether::Device", &d.device_id).map_err(schema_err)?;
+    let device = Entity::new(
+        device_uid.clone(),
+        HashMap::from([
+            (
+                "mode".to_owned(),
+                RestrictedExpression::new_string(d.mode.clone()),
+            ),
+            (
+                "risk_class".to_owned(),
+                RestrictedExpression::new_string(d.risk_class.clone()),
+            ),
+        ]),
+        HashSet::new(),
+    )
+    .map_err(|e| PolicyError::Schema(e.to_string()))?;
+    d.bindings
+        .iter()
+        .map(|b| {
+            let id = format!("{}/{}/{}", d.device_id, b.capability, b.resource);
+            let buid = uid("Tether::Binding", &id).map_err(PolicyError::Schema)?;
+            let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
+            let attrs = HashMap::from([
+                ("device".to_owned(), s(&d.device_id)),
+                ("capability".to_owned(), s(&b.capability)),
+                ("verb".to_owned(), s(&b.verb)),
+                ("risk".to_owned(), s(&b.risk)),
+                ("resource".to_owned(), s(&b.resource)),
+                (
+                    "stop_class".to_owned(),
+                    RestrictedExpression::new_bool(b.flags.stop_class),
+                ),
+                (
+                    "risk_reducing".to_owned(),
+                    RestrictedExpression::new_bool(b.flags.risk_reducing),
+                ),
+                (
+                    "safe_place".to_owned(),
+                    RestrictedExpression::new_bool(b.flags.safe_place),
+                ),
+                (
+                    "two_person".to_owned(),
+                    RestrictedExpression::new_bool(b.flags.two_person),
+                ),
+            ]);
+            let binding = Entity::new(buid.clone(), attrs, HashSet::from([device_uid.clone()]))
+                .map_err(|e| PolicyError::Schema(e.to_string()))?;
+            Ok(BindingEnt {
+                uid: buid,
+                device: device.clone(),
+                binding,
+                mode: d.mode.clone(),
+                risk: b.risk.clone(),
+                device_risk: d.risk_class.clone(),
+                flags: b.flags,
+            })
+        })
+        .collect()
+}
