@@ -342,6 +342,41 @@ fn receipts_of(state_dir: &Path, capability_id: &str) -> Vec<Value> {
         .collect()
 }
 
+/// How many evidence entries of `kind` the chain holds.
+fn count_kind(state_dir: &Path, kind: &str) -> usize {
+    let run = tether(&[
+        "audit".as_ref(),
+        "export".as_ref(),
+        "--state-dir".as_ref(),
+        state_dir.as_os_str(),
+    ]);
+    assert_eq!(run.code, Some(0), "audit export: {}", run.stderr);
+    run.stdout_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == kind)
+        .count()
+}
+
+/// Every kernel session the MCP connections opened was closed when they ended.
+fn wait_sessions_closed(state_dir: &Path) {
+    let deadline = Instant::now() + common::TIMEOUT;
+    loop {
+        let (opened, closed) = (
+            count_kind(state_dir, "session.open"),
+            count_kind(state_dir, "session.close"),
+        );
+        if opened > 0 && opened == closed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sessions opened {opened}, closed {closed}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn wait_for_cancelled_move(state_dir: &Path) {
     let deadline = Instant::now() + common::TIMEOUT;
     loop {
@@ -367,6 +402,7 @@ fn python_sdk_legacy_mode_drives_the_governed_path_over_stdio() {
         out.contains("governed ok") && out.contains("protocol 2025-11-25"),
         "{out}"
     );
+    wait_sessions_closed(dir.path());
 }
 
 #[test]
@@ -377,6 +413,14 @@ fn python_sdk_auto_mode_drives_the_governed_path_over_stdio() {
         out.contains("governed ok") && out.contains("protocol 2026-07-28"),
         "{out}"
     );
+    wait_sessions_closed(dir.path());
+}
+
+#[test]
+fn the_estop_tool_is_answered_while_a_motion_runs_and_cancels_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = stdio_scenario("estop_during_motion", "auto", dir.path());
+    assert!(out.contains("estop_during_motion ok"), "{out}");
 }
 
 #[test]
@@ -489,6 +533,8 @@ fn python_sdk_legacy_mode_drives_the_governed_path_over_http_with_a_token() {
         out.contains("governed ok") && out.contains("protocol 2025-11-25"),
         "{out}"
     );
+    // The client's DELETE ended the MCP session, and with it the kernel session.
+    wait_sessions_closed(&s.state_dir);
 }
 
 #[test]
@@ -499,6 +545,8 @@ fn python_sdk_auto_mode_drives_the_governed_path_over_http_with_a_token() {
         out.contains("governed ok") && out.contains("protocol 2026-07-28"),
         "{out}"
     );
+    // Stateless requests each had their own handler; none left a session open.
+    wait_sessions_closed(&s.state_dir);
 }
 
 #[test]

@@ -10,6 +10,8 @@ Scenarios:
     governed   list tools and resources, read, write, an out-of-limit action
                (refused, nothing dispatched), the e-stop, a command refused after it
     motion     a long motion reports progress; cancelling the call stops the arm
+    estop_during_motion
+               the e-stop is answered while a motion runs, and the motion ends cancelled
     no_token   connecting without a bearer token is refused (HTTP only)
 """
 
@@ -172,6 +174,30 @@ async def motion(args: argparse.Namespace) -> None:
     print(f"motion ok ({args.transport}, {args.mode}): {len(progress)} progress reports, stopped at {base:.2f} rad")
 
 
+async def estop_during_motion(args: argparse.Namespace) -> None:
+    results: dict = {}
+
+    async with client_for(args, args.token) as client:
+
+        async def move() -> None:
+            results["move"] = await client.call_tool(f"{ARM}__move_to", {"joints": [3.0, 0, 0, 0, 0, 0], "speed": 0.5})
+            results["move_done"] = time.monotonic()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(move)
+            await anyio.sleep(0.7)
+            stopped = await client.call_tool("estop", {"device_id": ARM, "reason": "mcp e2e: stop the motion"})
+            results["estop_done"] = time.monotonic()
+        check(not stopped.is_error, "the e-stop completes", text_of(stopped))
+        moved = results["move"]
+        check(moved.is_error is True, "the interrupted motion is an error result", text_of(moved))
+        check(moved.structured_content["status"] == "cancelled", "the motion ended cancelled", moved.structured_content)
+        state = await read_state(client, ARM)
+        check(not state["state"]["moving"], "the arm is not moving after the e-stop", state)
+        check(state["state"]["positions"][0] < 2.5, "the arm stopped short of its target", state)
+    print(f"estop_during_motion ok ({args.transport}, {args.mode})")
+
+
 async def no_token(args: argparse.Namespace) -> None:
     try:
         async with client_for(args, None) as client:
@@ -184,7 +210,7 @@ async def no_token(args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["governed", "motion", "no_token"])
+    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token"])
     parser.add_argument("--transport", choices=["stdio", "http"], required=True)
     parser.add_argument("--mode", choices=["legacy", "auto"], required=True)
     parser.add_argument("--bin")
@@ -192,7 +218,12 @@ def main() -> int:
     parser.add_argument("--url")
     parser.add_argument("--token")
     args = parser.parse_args()
-    scenario = {"governed": governed, "motion": motion, "no_token": no_token}[args.scenario]
+    scenario = {
+        "governed": governed,
+        "motion": motion,
+        "estop_during_motion": estop_during_motion,
+        "no_token": no_token,
+    }[args.scenario]
     async def bounded() -> None:
         # Every wait is bounded: a hung endpoint fails the test, never stalls it.
         with anyio.fail_after(60):

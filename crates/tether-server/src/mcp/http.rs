@@ -126,7 +126,14 @@ async fn guard(State(auth): State<Arc<Authenticator>>, request: Request, next: N
     request
         .extensions_mut()
         .insert(Disconnect(disconnect.clone()));
-    let response = next.run(request).await;
+    let delete = request.method() == Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        // The SDK answers a session DELETE with 202; clients (the Python SDK
+        // among them) expect 200 or 204 and warn otherwise. The session is
+        // gone either way, so say so plainly.
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
     response.map(|body| {
         Body::new(Guarded {
             inner: body,
