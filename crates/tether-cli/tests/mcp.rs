@@ -497,6 +497,47 @@ fn stdio_answers_malformed_duplicate_deep_and_oversized_input_with_json_rpc_erro
 }
 
 #[test]
+fn closing_stdin_mid_motion_cancels_the_call_and_its_receipt_is_recorded_before_exit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .arg("mcp")
+        .arg("--state-dir")
+        .arg(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tether mcp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let lines = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        // Six seconds of motion.
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "arm-1__move_to", "arguments": {"joints": [3.0, 0, 0, 0, 0, 0], "speed": 0.5}}}),
+    ];
+    for line in lines {
+        writeln!(stdin, "{line}").expect("write");
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let closed_at = Instant::now();
+    drop(stdin);
+    let deadline = closed_at + common::TIMEOUT;
+    while child.try_wait().expect("try_wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "tether mcp did not exit after stdin closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The process has exited: the receipt must already be in the evidence.
+    let moves = receipts_of(dir.path(), "cap.motion.move_to.v1");
+    assert!(
+        moves.iter().any(|r| r["status"] == "cancelled"),
+        "no cancelled move_to receipt after stdin closed: {moves:?}"
+    );
+}
+
+#[test]
 fn stdio_refuses_to_start_without_the_configured_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = dir.path().join("tether.toml");

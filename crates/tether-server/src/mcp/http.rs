@@ -56,8 +56,9 @@ pub fn router(
     if !loopback {
         config = config.disable_allowed_hosts();
     }
+    let tools = super::catalogue(&kernel);
     let service = StreamableHttpService::new(
-        move || Ok(TetherMcp::for_http(kernel.clone())),
+        move || Ok(TetherMcp::for_http(kernel.clone(), tools.clone())),
         Arc::new(LocalSessionManager::default()),
         config,
     );

@@ -37,6 +37,7 @@ use tether_kernel::{
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How often a running call renews its kernel session and reports progress.
 const PROGRESS_INTERVAL_MS: u64 = 250;
@@ -45,6 +46,10 @@ const CANCEL_POLL_MS: u64 = 10;
 /// Longest a cancel is chased before the operation is left to its deadline.
 /// The kernel's own deadline (300 s by default) ends the call anyway.
 const CANCEL_CHASE_MS_MAX: u64 = 300_000;
+/// How long a connection that ended waits for its calls to record their
+/// receipts (they were cancelled; the kernel leaves a call that ignores
+/// cancellation behind after 1 s of grace).
+pub const INFLIGHT_DRAIN_MS_MAX: u64 = 5_000;
 /// Kernel sessions one MCP connection may hold (one per principal).
 const SESSIONS_PER_CONNECTION_MAX: usize = 64;
 /// Longest e-stop reason kept (the rest is cut, never refused).
@@ -63,10 +68,20 @@ hardware e-stop.";
 #[derive(Clone, Debug)]
 pub struct Disconnect(pub CancellationToken);
 
+/// The tools an endpoint offers: built once from the kernel's cell (which
+/// does not change while it runs) and shared by every connection.
+pub type Catalogue = Arc<[tools::Tool]>;
+
+/// Builds the shared tool catalogue of `kernel`.
+pub fn catalogue(kernel: &Kernel) -> Catalogue {
+    tools::catalogue(kernel).into()
+}
+
 /// The MCP server handler: a kernel and the connection it serves.
 #[derive(Clone)]
 pub struct TetherMcp {
     kernel: Kernel,
+    catalogue: Catalogue,
     conn: Arc<Connection>,
 }
 
@@ -80,6 +95,9 @@ struct Connection {
     sessions: tokio::sync::Mutex<HashMap<String, (Principal, String)>>,
     /// Cancelled when the client's stream ends (stdio EOF).
     closed: CancellationToken,
+    /// Kernel calls still running, so an ending connection can wait for
+    /// their receipts before the process exits.
+    inflight: TaskTracker,
     runtime: tokio::runtime::Handle,
 }
 
@@ -106,16 +124,23 @@ async fn close_all(kernel: &Kernel, sessions: HashMap<String, (Principal, String
 }
 
 impl TetherMcp {
-    fn new(kernel: Kernel, principal: Option<Principal>, closed: CancellationToken) -> Self {
+    fn new(
+        kernel: Kernel,
+        catalogue: Catalogue,
+        principal: Option<Principal>,
+        closed: CancellationToken,
+    ) -> Self {
         let conn = Connection {
             kernel: kernel.clone(),
             principal,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             closed,
+            inflight: TaskTracker::new(),
             runtime: tokio::runtime::Handle::current(),
         };
         Self {
             kernel,
+            catalogue,
             conn: Arc::new(conn),
         }
     }
@@ -125,21 +150,40 @@ impl TetherMcp {
     ///
     /// Must be called inside a Tokio runtime.
     pub fn for_stdio(kernel: Kernel, principal: Principal, closed: CancellationToken) -> Self {
-        Self::new(kernel, Some(principal), closed)
+        let catalogue = catalogue(&kernel);
+        Self::new(kernel, catalogue, Some(principal), closed)
     }
 
     /// A handler for one streamable-HTTP session (or one stateless request):
     /// the principal comes with each request.
     ///
     /// Must be called inside a Tokio runtime.
-    pub fn for_http(kernel: Kernel) -> Self {
-        Self::new(kernel, None, CancellationToken::new())
+    pub fn for_http(kernel: Kernel, catalogue: Catalogue) -> Self {
+        Self::new(kernel, catalogue, None, CancellationToken::new())
     }
 
-    /// Closes every kernel session this connection opened (idempotent).
+    /// Closes every kernel session this connection opened (idempotent),
+    /// which cancels their running operations.
     pub async fn close_sessions(&self) {
         let sessions = std::mem::take(&mut *self.conn.sessions.lock().await);
         close_all(&self.kernel, sessions).await;
+    }
+
+    /// Waits (at most [`INFLIGHT_DRAIN_MS_MAX`]) for the kernel calls still
+    /// running to finish, so their receipts are recorded before the process
+    /// exits. Answers whether they all finished.
+    pub async fn drain(&self) -> bool {
+        self.conn.inflight.close();
+        tokio::time::timeout(
+            Duration::from_millis(INFLIGHT_DRAIN_MS_MAX),
+            self.conn.inflight.wait(),
+        )
+        .await
+        .is_ok()
+    }
+
+    fn find(&self, name: &str) -> Option<&tools::Tool> {
+        self.catalogue.iter().find(|t| t.name == name)
     }
 
     /// The caller: fixed over stdio, from the request over HTTP. A request
@@ -273,7 +317,7 @@ impl TetherMcp {
         let kernel = self.kernel.clone();
         let caller = p.clone();
         let write = tool.kind == ToolKind::Write;
-        let task = tokio::spawn(async move {
+        let task = self.conn.inflight.spawn(async move {
             if write {
                 kernel.write(&caller, req).await
             } else {
@@ -330,7 +374,9 @@ impl TetherMcp {
         }
         let kernel = self.kernel.clone();
         let (sid, cid) = (call.session_id.to_owned(), call.command_id.to_owned());
-        tokio::spawn(async move { deliver_cancel(&kernel, &sid, &cid, &task).await });
+        self.conn
+            .inflight
+            .spawn(async move { deliver_cancel(&kernel, &sid, &cid, &task).await });
         Err("the call was cancelled by the client")
     }
 
@@ -411,15 +457,12 @@ impl ServerHandler for TetherMcp {
         _request: Option<PaginatedRequestParams>,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let listed: Vec<Tool> = tools::catalogue(&self.kernel)
-            .iter()
-            .map(render::tool)
-            .collect();
+        let listed: Vec<Tool> = self.catalogue.iter().map(render::tool).collect();
         Ok(ListToolsResult::with_all_items(listed))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tools::find(&self.kernel, name).map(|t| render::tool(&t))
+        self.find(name).map(render::tool)
     }
 
     async fn call_tool(
@@ -427,7 +470,7 @@ impl ServerHandler for TetherMcp {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let Some(tool) = tools::find(&self.kernel, &request.name) else {
+        let Some(tool) = self.find(&request.name).cloned() else {
             return Err(McpError::invalid_params(
                 format!("no tool `{}`; list the tools first", request.name),
                 None,

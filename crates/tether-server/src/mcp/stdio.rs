@@ -67,6 +67,10 @@ where
     }
     server.close_sessions().await;
     closer.abort();
+    // The calls the closed sessions cancelled still record their receipts.
+    if !server.drain().await {
+        tracing::warn!("MCP stdio: calls still running at exit; their receipts may be missing");
+    }
     Ok(())
 }
 
