@@ -1,4 +1,4 @@
-//! `tether` — the command-line entry point: serve, check, describe, audit.
+//! `tether` — the command-line entry point: serve, mcp, check, describe, audit.
 //!
 //! Exit codes: 0 success; 1 the thing checked is defective (a manifest defect,
 //! a broken evidence chain); 2 usage, I/O or start-up errors.
@@ -33,7 +33,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve JSON-RPC (built-in simulated cell when no --config is given).
+    /// Serve JSON-RPC and/or MCP over HTTP (built-in simulated cell when no --config is given).
     Serve {
         /// Endpoint config (TOML).
         #[arg(long)]
@@ -47,6 +47,22 @@ enum Command {
         /// Serve JSON-RPC over HTTP at ADDR (POST /rpc); port 0 picks a free port.
         #[arg(long, value_name = "ADDR")]
         http: Option<String>,
+        /// Serve MCP over streamable HTTP at ADDR (path /mcp); port 0 picks a free port.
+        #[arg(long, value_name = "ADDR", conflicts_with = "stdio")]
+        mcp_http: Option<String>,
+    },
+    /// Serve MCP on standard input/output (what an MCP client launches).
+    Mcp {
+        /// Endpoint config (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where evidence, latches, budgets and receipts persist.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Environment variable holding this caller's bearer token (needed
+        /// when principals are configured; never pass a token as a flag).
+        #[arg(long, value_name = "NAME", default_value = "TETHER_TOKEN")]
+        token_env: String,
     },
     /// Check a config (or a single device manifest, or a `.cedar` policy
     /// against the built-in cell) and print every defect. A config's policy is
@@ -204,7 +220,21 @@ fn main() -> ExitCode {
             state_dir,
             stdio,
             http,
-        } => serve(config, state_dir, stdio, http),
+            mcp_http,
+        } => serve(
+            config,
+            state_dir,
+            Surfaces {
+                stdio,
+                http,
+                mcp_http,
+            },
+        ),
+        Command::Mcp {
+            config,
+            state_dir,
+            token_env,
+        } => mcp(config, state_dir, &token_env),
         Command::Check { file, schema } => Ok(check(&file, schema)),
         Command::Approvals { action, endpoint } => approvals(action, &endpoint),
         Command::Describe {
@@ -629,15 +659,31 @@ fn http_post_json(url: &str, body: &str, token: Option<&str>) -> anyhow::Result<
     Ok(payload.to_owned())
 }
 
-fn serve(
-    config_path: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
+/// Where the endpoint listens, and how.
+struct Surfaces {
+    /// JSON-RPC on stdin/stdout.
     stdio: bool,
+    /// JSON-RPC over HTTP (`POST /rpc`).
     http: Option<String>,
-) -> anyhow::Result<ExitCode> {
-    if !stdio && http.is_none() {
-        bail!("choose a transport: --stdio or --http ADDR (for example --http 127.0.0.1:7878)");
-    }
+    /// MCP over streamable HTTP (`/mcp`).
+    mcp_http: Option<String>,
+}
+
+/// A kernel ready to serve, with the background work every endpoint runs.
+/// Field order is drop order: the watcher and the reaper stop before the
+/// runtime they run on.
+struct Endpoint {
+    kernel: Kernel,
+    auth: tether_server::auth::Authenticator,
+    dir: PathBuf,
+    device_count: usize,
+    _watcher: tether_kernel::governed::StopWatcher,
+    _reaper: tokio::task::JoinHandle<()>,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn init_tracing() {
+    // Logs go to stderr: stdout belongs to the stdio protocols.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -645,47 +691,37 @@ fn serve(
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let loaded = match config::read(config_path.as_deref()) {
-        Ok(l) => l,
-        Err(defects) => {
-            print_defects(&defects);
-            return Ok(ExitCode::from(2));
-        }
-    };
-    let cell = match config::load_cell(&loaded) {
-        Ok(c) => c,
-        Err(defects) => {
-            print_defects(&defects);
-            return Ok(ExitCode::from(2));
-        }
-    };
-    let origin = config_path
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("(built-in)"));
-    let auth = match config::authenticator(&loaded, &origin) {
-        Ok(a) => a,
-        Err(defects) => {
-            print_defects(&defects);
-            return Ok(ExitCode::from(2));
-        }
-    };
-    // Over stdio the caller is established once, from the launching
-    // environment: a missing or wrong token refuses start-up (fail closed).
-    let stdio_principal = if stdio {
-        let token = std::env::var("TETHER_TOKEN").ok();
-        match auth.authenticate(token.as_deref()) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!(
-                    "tether: {} ({}): set TETHER_TOKEN to this caller's token",
-                    e.message, e.code
-                );
-                return Ok(ExitCode::from(2));
-            }
-        }
-    } else {
-        None
-    };
+}
+
+/// The loaded config, cell and authenticator; `Err(code)` once the defects
+/// were printed.
+type Prepared = (
+    config::Loaded,
+    tether_kernel::loader::Cell,
+    tether_server::auth::Authenticator,
+);
+
+fn prepare(config_path: Option<&std::path::Path>) -> Result<Prepared, ExitCode> {
+    let loaded = config::read(config_path).map_err(|d| {
+        print_defects(&d);
+        ExitCode::from(2)
+    })?;
+    let cell = config::load_cell(&loaded).map_err(|d| {
+        print_defects(&d);
+        ExitCode::from(2)
+    })?;
+    let origin = config_path.map_or_else(|| PathBuf::from("(built-in)"), PathBuf::from);
+    let auth = config::authenticator(&loaded, &origin).map_err(|d| {
+        print_defects(&d);
+        ExitCode::from(2)
+    })?;
+    Ok((loaded, cell, auth))
+}
+
+/// Opens the store, starts the kernel, the governed-stop watcher and the
+/// session reaper.
+fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpoint> {
+    let (loaded, cell, auth) = prepared;
     let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
     let drivers = tether_drivers::build_all_with(
         cell.devices.iter().map(|d| &d.manifest),
@@ -704,20 +740,14 @@ fn serve(
     kernel_config.policy = loaded.policy.clone();
     if let Some(ttl) = loaded.config.approval_ttl_s {
         if !(1..=7 * 86_400).contains(&ttl) {
-            eprintln!(
-                "{}: approval_ttl_s must be between 1 and 604800",
-                origin.display()
-            );
-            return Ok(ExitCode::from(2));
+            bail!("the config's approval_ttl_s must be between 1 and 604800 (seconds)");
         }
         kernel_config.approval_ttl_ms = ttl * 1000;
     }
     let kernel = match Kernel::new(kernel_config, cell, drivers, Arc::new(store)) {
         Ok(k) => k,
         Err(e @ tether_kernel::StartError::Policy(_)) => {
-            eprintln!("{e}");
-            eprintln!("tether: the policy is invalid; nothing was started");
-            return Ok(ExitCode::from(2));
+            bail!("{e}\nthe policy is invalid; nothing was started")
         }
         Err(e) => return Err(anyhow::Error::new(e).context("starting the kernel")),
     };
@@ -725,41 +755,181 @@ fn serve(
         .enable_all()
         .build()?;
     // Obey stops tripped by other processes on the same state directory.
-    let _watcher = kernel
+    let watcher = kernel
         .start_stop_watcher(runtime.handle().clone())
         .context("starting the governed-stop watcher")?;
     // Expired sessions get their operations cancelled and safe states run.
-    let _reaper = kernel.start_session_reaper(runtime.handle());
-    runtime.block_on(async move {
-        if stdio {
+    let reaper = kernel.start_session_reaper(runtime.handle());
+    Ok(Endpoint {
+        kernel,
+        auth,
+        dir,
+        device_count,
+        _watcher: watcher,
+        _reaper: reaper,
+        runtime,
+    })
+}
+
+/// The stdio caller, established once from the launching environment: a
+/// missing or wrong token refuses start-up (fail closed).
+fn stdio_principal(
+    auth: &tether_server::auth::Authenticator,
+    token_env: &str,
+) -> Result<Principal, ExitCode> {
+    let token = std::env::var(token_env).ok();
+    auth.authenticate(token.as_deref()).map_err(|e| {
+        eprintln!(
+            "tether: {} ({}): set {token_env} to this caller's token",
+            e.message, e.code
+        );
+        ExitCode::from(2)
+    })
+}
+
+fn serve(
+    config_path: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    surfaces: Surfaces,
+) -> anyhow::Result<ExitCode> {
+    if !surfaces.stdio && surfaces.http.is_none() && surfaces.mcp_http.is_none() {
+        bail!("choose a transport: --stdio, --http ADDR or --mcp-http ADDR (for example --http 127.0.0.1:7878)");
+    }
+    init_tracing();
+    let prepared = match prepare(config_path.as_deref()) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let principal = if surfaces.stdio {
+        match stdio_principal(&prepared.2, "TETHER_TOKEN") {
+            Ok(p) => Some(p),
+            Err(code) => return Ok(code),
+        }
+    } else {
+        None
+    };
+    let endpoint = start(prepared, state_dir)?;
+    let Endpoint {
+        kernel,
+        auth,
+        dir,
+        device_count,
+        runtime,
+        ..
+    } = &endpoint;
+    runtime.block_on(async {
+        if surfaces.stdio {
             eprintln!(
                 "tether: serving JSON-RPC on stdio ({device_count} devices, state {})",
                 dir.display()
             );
             eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
             tether_server::stdio::serve(
-                kernel,
-                stdio_principal.unwrap_or_else(Principal::local_agent),
+                kernel.clone(),
+                principal.unwrap_or_else(Principal::local_agent),
                 tokio::io::stdin(),
                 tokio::io::stdout(),
             )
             .await?;
             return Ok(ExitCode::SUCCESS);
         }
-        let addr = http.unwrap_or_default();
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        let local = listener.local_addr()?;
+        serve_network(kernel, auth, &surfaces, *device_count, dir).await
+    })
+}
+
+/// Binds `addr`, refusing a non-loopback MCP listener without principals:
+/// there the bearer token is the only thing between the network and the devices.
+async fn bind(
+    addr: &str,
+    what: &str,
+    auth: &tether_server::auth::Authenticator,
+) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    if what == "mcp" && !listener.local_addr()?.ip().is_loopback() && !auth.required() {
+        bail!("--mcp-http {addr} is not a loopback address: configure [[principals]] so that callers need a bearer token");
+    }
+    Ok(listener)
+}
+
+/// JSON-RPC over HTTP and/or MCP over streamable HTTP until Ctrl-C.
+async fn serve_network(
+    kernel: &Kernel,
+    auth: &tether_server::auth::Authenticator,
+    surfaces: &Surfaces,
+    device_count: usize,
+    dir: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(addr) = &surfaces.http {
+        let listener = bind(addr, "rpc", auth).await?;
         eprintln!(
-            "tether: listening on http://{local}/rpc ({device_count} devices, state {})",
+            "tether: listening on http://{}/rpc ({device_count} devices, state {})",
+            listener.local_addr()?,
             dir.display()
         );
-        eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        tether_server::http::serve(kernel, auth, listener, shutdown).await?;
-        Ok(ExitCode::SUCCESS)
-    })
+        let done = shutdown.clone();
+        let server =
+            tether_server::http::serve(kernel.clone(), auth.clone(), listener, async move {
+                done.cancelled().await;
+            });
+        servers.spawn(server);
+    }
+    if let Some(addr) = &surfaces.mcp_http {
+        let listener = bind(addr, "mcp", auth).await?;
+        eprintln!(
+            "tether: MCP listening on http://{}{} ({device_count} devices, state {})",
+            listener.local_addr()?,
+            tether_server::mcp::http::MCP_PATH,
+            dir.display()
+        );
+        let server = tether_server::mcp::http::serve(
+            kernel.clone(),
+            auth.clone(),
+            listener,
+            shutdown.clone(),
+        );
+        servers.spawn(server);
+    }
+    eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        // A listener that fails ends the endpoint (and says why).
+        Some(ended) = servers.join_next() => ended??,
+    }
+    shutdown.cancel();
+    while servers.join_next().await.is_some() {}
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tether mcp`: MCP on stdio for a client that launches the endpoint.
+fn mcp(
+    config_path: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    token_env: &str,
+) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    let prepared = match prepare(config_path.as_deref()) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let principal = match stdio_principal(&prepared.2, token_env) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let endpoint = start(prepared, state_dir)?;
+    eprintln!(
+        "tether: serving MCP on stdio ({} devices, state {})",
+        endpoint.device_count,
+        endpoint.dir.display()
+    );
+    eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
+    let kernel = endpoint.kernel.clone();
+    endpoint.runtime.block_on(async move {
+        tether_server::mcp::stdio::serve(kernel, principal, tokio::io::stdin(), tokio::io::stdout())
+            .await
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

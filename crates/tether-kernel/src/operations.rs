@@ -105,4 +105,19 @@ impl Kernel {
             json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "already_finished", "status": finished["status"]}),
         )
     }
+
+    /// The running operation of `command_id` in session `session_id`, if any.
+    ///
+    /// A surface whose client cancels a call (MCP `notifications/cancelled`, a
+    /// closed stream) knows the `command_id` it sent, not the operation id the
+    /// kernel minted; the session scoping keeps one caller from finding
+    /// another's operation.
+    pub fn operation_for_command(&self, session_id: &str, command_id: &str) -> Option<String> {
+        let ops = self.inner.ops.lock().ok()?;
+        ops.iter()
+            .find(|(_, op)| {
+                op.command_id == command_id && op.session_id.as_deref() == Some(session_id)
+            })
+            .map(|(id, _)| id.clone())
+    }
 }

@@ -15,13 +15,16 @@ use tokio::sync::mpsc;
 /// Answers waiting to be written, at most.
 const OUTBOX_DEPTH_MAX: usize = 1024;
 
-enum Line {
+/// One line read by [`read_line_bounded`].
+pub(crate) enum Line {
     Text(Vec<u8>),
     TooLong(usize),
     Eof,
 }
 
-async fn read_line_bounded<R: AsyncRead + Unpin>(
+/// Reads one line of at most `limit` bytes; a longer one is skipped whole
+/// and reported with its size (never buffered).
+pub(crate) async fn read_line_bounded<R: AsyncRead + Unpin>(
     r: &mut BufReader<R>,
     limit: usize,
 ) -> std::io::Result<Line> {

@@ -1,0 +1,204 @@
+//! MCP over streamable HTTP (`tether serve --mcp-http ADDR`, path `/mcp`),
+//! served by `rmcp`'s `StreamableHttpService`.
+//!
+//! In front of the SDK sits one guard, run on every request before the SDK
+//! sees it: the bearer token is checked first (with principals configured a
+//! missing or wrong token is `401`, the e-stop included, and the body is
+//! never read); a POST body is read up to 1 MiB (`413` beyond) and parsed
+//! strictly (`400` with a JSON-RPC parse error on duplicate keys, nesting
+//! deeper than 64, non-finite numbers). The principal and a disconnect token
+//! travel to the handler in the request's extensions; the disconnect token is
+//! cancelled when the response stream is dropped before its end, so a client
+//! that goes away mid-call has cancelled the call.
+//!
+//! Both protocol generations are served: 2025-11-25 clients initialize and
+//! get an `Mcp-Session-Id` (one handler, and so one set of kernel sessions,
+//! per MCP session); 2026-07-28 clients send `server/discover` and
+//! self-contained requests, each served by a fresh handler.
+
+use super::{Disconnect, TetherMcp};
+use crate::auth::{bearer, Authenticator};
+use crate::rpc::error_response;
+use axum::body::{to_bytes, Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http_body::Frame;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{json, Value};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tether_core::json::parse_strict;
+use tether_core::Code;
+use tether_kernel::Kernel;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// The path MCP is served on.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The MCP router. `loopback` keeps the SDK's DNS-rebinding defence (only
+/// loopback `Host` headers); a public listener must be reached by its own
+/// name, so the check is off there and the bearer token is what protects it.
+/// `shutdown` ends every MCP session.
+pub fn router(
+    kernel: Kernel,
+    auth: Authenticator,
+    loopback: bool,
+    shutdown: CancellationToken,
+) -> Router {
+    let mut config = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(crate::REQUEST_BYTES_MAX)
+        .with_cancellation_token(shutdown);
+    if !loopback {
+        config = config.disable_allowed_hosts();
+    }
+    let tools = super::catalogue(&kernel);
+    let service = StreamableHttpService::new(
+        move || Ok(TetherMcp::for_http(kernel.clone(), tools.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new()
+        .route_service(MCP_PATH, service)
+        .layer(middleware::from_fn_with_state(Arc::new(auth), guard))
+}
+
+/// Serves MCP until `shutdown` is cancelled.
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve(
+    kernel: Kernel,
+    auth: Authenticator,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let loopback = listener.local_addr()?.ip().is_loopback();
+    let app = router(kernel, auth, loopback, shutdown.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+fn json_error(status: StatusCode, body: &Value) -> Response {
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
+}
+
+async fn guard(State(auth): State<Arc<Authenticator>>, request: Request, next: Next) -> Response {
+    let token = bearer(
+        request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let principal = match auth.authenticate(token) {
+        Ok(p) => p,
+        Err(e) => {
+            let body = error_response(Value::Null, e.code, &e.message, e.details);
+            return json_error(StatusCode::UNAUTHORIZED, &body);
+        }
+    };
+    let mut request = if request.method() == Method::POST {
+        match checked_body(request).await {
+            Ok(r) => r,
+            Err(response) => return response,
+        }
+    } else {
+        request
+    };
+    let disconnect = CancellationToken::new();
+    request.extensions_mut().insert(principal);
+    request
+        .extensions_mut()
+        .insert(Disconnect(disconnect.clone()));
+    let delete = request.method() == Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        // The SDK answers a session DELETE with 202; clients (the Python SDK
+        // among them) expect 200 or 204 and warn otherwise. The session is
+        // gone either way, so say so plainly.
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response.map(|body| {
+        Body::new(Guarded {
+            inner: body,
+            on_drop: Some(disconnect.drop_guard()),
+        })
+    })
+}
+
+/// Reads a POST body (bounded) and refuses what is not strict JSON.
+async fn checked_body(request: Request) -> Result<Request, Response> {
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = to_bytes(body, crate::REQUEST_BYTES_MAX).await else {
+        let body = error_response(
+            Value::Null,
+            Code::ProtocolTooLarge,
+            "request too large",
+            json!({"limit_bytes": crate::REQUEST_BYTES_MAX}),
+        );
+        return Err(json_error(StatusCode::PAYLOAD_TOO_LARGE, &body));
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| "the body is not UTF-8".to_owned());
+    if let Err(message) = text.and_then(parse_strict) {
+        let body = error_response(
+            Value::Null,
+            Code::ProtocolParseError,
+            "parse error",
+            json!({"reason": "invalid_json", "message": message}),
+        );
+        return Err(json_error(StatusCode::BAD_REQUEST, &body));
+    }
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// A response body that cancels its disconnect token when dropped before
+/// its last frame: the client closed the stream while the call ran.
+struct Guarded {
+    inner: Body,
+    on_drop: Option<DropGuard>,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            // The whole answer went out: ending now is no cancellation.
+            if let Some(guard) = this.on_drop.take() {
+                guard.disarm();
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

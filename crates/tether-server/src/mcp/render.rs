@@ -1,0 +1,240 @@
+//! Kernel answers as MCP values: tools with annotations, receipts and
+//! refusals as tool results, reference files as resources.
+
+use crate::tools::{self, ToolKind};
+use rmcp::model::{
+    CallToolResult, ContentBlock, JsonObject, ReadResourceResult, Resource, ResourceContents,
+    ResourceTemplate, Tool, ToolAnnotations,
+};
+use rmcp::ErrorData as McpError;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tether_kernel::{ApiError, Kernel};
+
+/// Prefix of every resource URI.
+const URI_PREFIX: &str = "tether://devices/";
+const REFERENCE_JSON: &str = "reference.json";
+const REFERENCE_MD: &str = "reference.md";
+
+/// A catalogue tool as an MCP tool. Hints follow the kind: reads are
+/// read-only; writes, actions and the e-stop change the world.
+pub(super) fn tool(t: &tools::Tool) -> Tool {
+    let schema: JsonObject = t.input_schema.as_object().cloned().unwrap_or_default();
+    let read_only = t.kind == ToolKind::Read;
+    let annotations = ToolAnnotations::new()
+        .read_only(read_only)
+        .destructive(!read_only)
+        .idempotent(t.idempotent);
+    Tool::new(t.name.clone(), t.description.clone(), Arc::new(schema)).annotate(annotations)
+}
+
+/// A receipt as a tool result: completed is a success; anything else
+/// (rejected, failed, cancelled, unknown) is an error result naming the code.
+pub(super) fn receipt(receipt: &Value) -> CallToolResult {
+    let status = receipt["status"].as_str().unwrap_or("unknown");
+    let full = ContentBlock::text(receipt.to_string());
+    let mut result = if status == "completed" {
+        CallToolResult::success(vec![ContentBlock::text(completed_line(receipt)), full])
+    } else {
+        let e = &receipt["error"];
+        let line = refusal_line(
+            e["mhs_code"].as_str().unwrap_or("MHS.OUTCOME.UNKNOWN"),
+            e["message"].as_str().unwrap_or(status),
+            &e["details"],
+            status,
+        );
+        CallToolResult::error(vec![ContentBlock::text(line), full])
+    };
+    result.structured_content = Some(receipt.clone());
+    result
+}
+
+/// An error the kernel answered before any receipt (session, device,
+/// input shape) as an error result naming the code.
+pub(super) fn api_error(e: &ApiError) -> CallToolResult {
+    let body = json!({
+        "mhs_code": e.code.as_str(),
+        "message": e.message,
+        "details": e.details,
+        "retryable": e.code.retryable(),
+    });
+    let line = refusal_line(e.code.as_str(), &e.message, &e.details, "rejected");
+    let mut result = CallToolResult::error(vec![
+        ContentBlock::text(line),
+        ContentBlock::text(body.to_string()),
+    ]);
+    result.structured_content = Some(json!({"error": body}));
+    result
+}
+
+/// A read's answer (`revision`, `state`, ...) as a success.
+pub(super) fn read(answer: &Value) -> CallToolResult {
+    let line = format!(
+        "revision {}: {}",
+        answer["revision"],
+        answer.get("state").unwrap_or(&Value::Null)
+    );
+    let mut result = CallToolResult::success(vec![ContentBlock::text(line)]);
+    result.structured_content = Some(answer.clone());
+    result
+}
+
+fn completed_line(receipt: &Value) -> String {
+    let mut line = format!(
+        "completed: {} on {}",
+        receipt["capability_id"].as_str().unwrap_or("command"),
+        receipt["device_id"].as_str().unwrap_or("the endpoint")
+    );
+    if let Some(after) = receipt.get("state_revision_after").filter(|v| !v.is_null()) {
+        line.push_str(&format!(", revision now {after}"));
+    }
+    if let Some(out) = receipt.get("output").filter(|v| !v.is_null()) {
+        line.push_str(&format!(", output {out}"));
+    }
+    line
+}
+
+/// One line a model can act on: the code, what was wrong (path, bound,
+/// value, unit), and what happens next.
+fn refusal_line(code: &str, message: &str, details: &Value, status: &str) -> String {
+    let mut line = format!("{code} ({status}): {message}.");
+    if let Some(path) = details.get("path").and_then(Value::as_str) {
+        line.push_str(&format!(" Path `{path}`"));
+        if let Some(value) = details.get("value") {
+            line.push_str(&format!(": value {value}"));
+        }
+        if let Some(bound) = details.get("bound").filter(|b| !b.is_null()) {
+            let kind = details
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or("bound");
+            let unit = details
+                .get("unit")
+                .and_then(Value::as_str)
+                .map(|u| format!(" {u}"))
+                .unwrap_or_default();
+            line.push_str(&format!(", {kind} bound {bound}{unit}"));
+        }
+        line.push('.');
+    }
+    if let Some(id) = details.get("approval_id").and_then(Value::as_str) {
+        line.push_str(&format!(
+            " Held for approval `{id}`: a person must approve or deny it; a model cannot. \
+             Nothing runs until then."
+        ));
+    }
+    if status == "rejected" {
+        line.push_str(" Nothing was dispatched.");
+    }
+    line
+}
+
+fn uri(device_id: &str, file: &str) -> String {
+    format!("{URI_PREFIX}{device_id}/{file}")
+}
+
+/// Two resources per device: its reference file as JSON and as Markdown.
+pub(super) fn resources(device_ids: &[String]) -> Vec<Resource> {
+    device_ids
+        .iter()
+        .flat_map(|id| {
+            [
+                Resource::new(uri(id, REFERENCE_JSON), format!("{id} reference (JSON)"))
+                    .with_mime_type("application/json")
+                    .with_description(format!(
+                        "Effective limits with units, interlocks and safety declarations of `{id}`."
+                    )),
+                Resource::new(uri(id, REFERENCE_MD), format!("{id} reference (Markdown)"))
+                    .with_mime_type("text/markdown")
+                    .with_description(format!("The reference file of `{id}` for people.")),
+            ]
+        })
+        .collect()
+}
+
+/// The URI templates of the reference files.
+pub(super) fn resource_templates() -> Vec<ResourceTemplate> {
+    vec![
+        ResourceTemplate::new(
+            format!("{URI_PREFIX}{{device_id}}/{REFERENCE_JSON}"),
+            "device reference (JSON)",
+        )
+        .with_mime_type("application/json"),
+        ResourceTemplate::new(
+            format!("{URI_PREFIX}{{device_id}}/{REFERENCE_MD}"),
+            "device reference (Markdown)",
+        )
+        .with_mime_type("text/markdown"),
+    ]
+}
+
+/// Reads `tether://devices/{device_id}/reference.json|.md`.
+pub(super) fn read_reference(kernel: &Kernel, uri: &str) -> Result<ReadResourceResult, McpError> {
+    let not_found = || McpError::resource_not_found(format!("no resource `{uri}`"), None);
+    let rest = uri.strip_prefix(URI_PREFIX).ok_or_else(not_found)?;
+    let (device_id, file) = rest.split_once('/').ok_or_else(not_found)?;
+    let got = kernel.device_get(device_id).map_err(|_| not_found())?;
+    let contents = match file {
+        REFERENCE_JSON => {
+            let text = serde_json::to_string_pretty(&got["reference"])
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            ResourceContents::text(text, uri).with_mime_type("application/json")
+        }
+        REFERENCE_MD => {
+            let text = got["reference_md"].as_str().unwrap_or_default().to_owned();
+            ResourceContents::text(text, uri).with_mime_type("text/markdown")
+        }
+        _ => return Err(not_found()),
+    };
+    Ok(ReadResourceResult::new(vec![contents]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_envelope_violation_names_code_path_value_and_bound() {
+        let details = json!({"path": "target_temperature", "kind": "max", "bound": 90.0, "value": 120, "unit": "degC"});
+        let line = refusal_line(
+            "MHS.SAFETY.ENVELOPE_VIOLATION",
+            "too hot",
+            &details,
+            "rejected",
+        );
+        assert!(line.starts_with("MHS.SAFETY.ENVELOPE_VIOLATION"), "{line}");
+        assert!(line.contains("`target_temperature`"), "{line}");
+        assert!(line.contains("value 120"), "{line}");
+        assert!(line.contains("max bound 90.0 degC"), "{line}");
+        assert!(line.contains("Nothing was dispatched"), "{line}");
+    }
+
+    #[test]
+    fn a_hold_names_the_approval_and_the_person_who_must_decide() {
+        let line = refusal_line(
+            "MHS.POLICY.HELD",
+            "held",
+            &json!({"approval_id": "apr_1"}),
+            "rejected",
+        );
+        assert!(line.contains("`apr_1`"), "{line}");
+        assert!(line.contains("a person must approve or deny"), "{line}");
+    }
+
+    #[test]
+    fn a_completed_receipt_is_a_success_and_a_refusal_is_an_error() {
+        let ok = receipt(&json!({"status": "completed", "device_id": "d", "capability_id": "c"}));
+        assert_eq!(ok.is_error, Some(false));
+        let refused = receipt(
+            &json!({"status": "rejected", "error": {"mhs_code": "MHS.SAFETY.ESTOP_ENGAGED", "message": "latched", "details": {}}}),
+        );
+        assert_eq!(refused.is_error, Some(true));
+    }
+
+    #[test]
+    fn resource_uris_round_trip_their_device() {
+        let list = resources(&["arm-1".to_owned()]);
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].uri, "tether://devices/arm-1/reference.json");
+    }
+}
