@@ -129,6 +129,19 @@ pub struct Commit {
     pub open_ops: Vec<OpenOp>,
     /// Command ids whose open operation finished (deleted; unknown ids are a no-op).
     pub closed_ops: Vec<String>,
+    /// Gateway invocations to record (insert or overwrite by `invocation_id`).
+    pub invocations: Vec<InvocationRow>,
+}
+
+/// One invocation of the REST tool gateway, retained so that its id answers
+/// after a restart. The store keeps `info` as given (the gateway decides what
+/// it holds: tool, attempt, command id, status, receipt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvocationRow {
+    /// `inv_<ULID>`, minted by the gateway.
+    pub invocation_id: String,
+    /// What the gateway needs to answer for it later.
+    pub info: Value,
 }
 
 /// A physical operation whose start is durable and whose finish is not yet:
@@ -252,6 +265,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Operations started and not finished (see [`OpenOp`]).
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError>;
+
+    /// The recorded invocation `invocation_id`, if any.
+    fn invocation(&self, invocation_id: &str) -> Result<Option<InvocationRow>, StoreError>;
 
     /// Budget rows with `ts_ms >= ts_ms`, oldest first.
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError>;

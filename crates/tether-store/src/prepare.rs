@@ -46,6 +46,7 @@ pub(crate) struct Prepared {
     pub budget_releases: Vec<String>,
     pub open_ops: Vec<(crate::OpenOp, String)>,
     pub closed_ops: Vec<String>,
+    pub invocations: Vec<(crate::InvocationRow, String)>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -89,6 +90,7 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         ("budget_releases", c.budget_releases.len()),
         ("open_ops", c.open_ops.len()),
         ("closed_ops", c.closed_ops.len()),
+        ("invocations", c.invocations.len()),
     ];
     for (what, n) in counts {
         if n > MAX_ITEMS_PER_COMMIT {
@@ -173,6 +175,14 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         let info_json = bounded_json(&op.info, "open operation info")?;
         open_ops.push((op, info_json));
     }
+    let mut invocations = Vec::with_capacity(c.invocations.len());
+    for row in c.invocations {
+        if row.invocation_id.is_empty() {
+            return Err(invalid("invocation_id is empty"));
+        }
+        let info_json = bounded_json(&row.info, "invocation info")?;
+        invocations.push((row, info_json));
+    }
     Ok(Prepared {
         events,
         receipts,
@@ -182,5 +192,6 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         budget_releases: c.budget_releases,
         open_ops,
         closed_ops: c.closed_ops,
+        invocations,
     })
 }

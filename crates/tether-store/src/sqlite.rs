@@ -20,7 +20,7 @@ use std::time::Duration;
 pub const DB_FILE_NAME: &str = "tether.db";
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another process holding the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -35,9 +35,10 @@ pub(crate) const PAGE_ROWS: i64 = 1024;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE events(
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE events(
         seq INTEGER PRIMARY KEY,
         hash TEXT NOT NULL,
         line TEXT NOT NULL
@@ -75,7 +76,16 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL
     ) WITHOUT ROWID;",
-)];
+    ),
+    (
+        2,
+        // Invocations of the REST tool gateway, retained across restarts.
+        "CREATE TABLE invocations(
+        invocation_id TEXT PRIMARY KEY,
+        info TEXT NOT NULL
+    ) WITHOUT ROWID;",
+    ),
+];
 
 /// SQLite-backed [`Store`].
 pub struct SqliteStore {
@@ -530,6 +540,15 @@ impl SqliteBackend {
                 delete.execute([id])?;
             }
         }
+        if !c.invocations.is_empty() {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO invocations(invocation_id, info) VALUES (?1, ?2)
+                 ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info",
+            )?;
+            for (row, info) in &c.invocations {
+                upsert.execute(params![&row.invocation_id, info])?;
+            }
+        }
         Ok(Ok(CommitAck {
             first_seq,
             last_seq: self.head.seq,
@@ -627,6 +646,22 @@ impl Store for SqliteStore {
             out.push(crate::OpenOp { command_id, info });
         }
         Ok(out)
+    }
+
+    fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT info FROM invocations WHERE invocation_id = ?1")?;
+        let info: Option<String> = st.query_row([invocation_id], |r| r.get(0)).optional()?;
+        info.map(|info| {
+            let info: Value = serde_json::from_str(&info)
+                .map_err(|e| corrupt_json("invocation", invocation_id, e))?;
+            Ok(crate::InvocationRow {
+                invocation_id: invocation_id.to_owned(),
+                info,
+            })
+        })
+        .transpose()
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
