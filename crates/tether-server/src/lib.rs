@@ -1,7 +1,7 @@
 //! # tether-server — the surfaces
 //!
 //! Owns the wire: JSON-RPC 2.0 framing over HTTP (`POST /rpc`) and stdio (one
-//! JSON value per line), strict parsing of untrusted input, size limits, and
+//! JSON value per line), the REST tool gateway (`rest`), strict parsing of untrusted input, size limits, and
 //! the mapping of kernel answers to protocol answers. It decides nothing: every
 //! request that reaches a device goes through `tether_kernel::Kernel`.
 //!
@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod http;
+pub mod rest;
 pub mod rpc;
 pub mod stdio;
 pub mod tools;
