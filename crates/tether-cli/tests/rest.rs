@@ -595,7 +595,7 @@ fn with_principals_every_route_needs_a_token_and_invocations_belong_to_their_pri
 fn an_invocation_is_retained_across_a_restart_and_a_lost_one_reads_unknown() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
-    let (done, lost) = {
+    let (done, lost, refused) = {
         let mut s = Server::start(Transport::Http, Some(&state));
         let accepted = ok(
             invoke(
@@ -607,16 +607,35 @@ fn an_invocation_is_retained_across_a_restart_and_a_lost_one_reads_unknown() {
         );
         let done = accepted["invocation_id"].as_str().expect("id").to_owned();
         assert_eq!(wait_result(&s, &done, TIMEOUT)["status"], "completed");
+        let e = err(
+            invoke(
+                &s,
+                "thermostat-1__setpoint",
+                json!({"input": {"target_temperature": 400}}),
+            ),
+            422,
+            "MHS.SAFETY.ENVELOPE_VIOLATION",
+        );
+        let refused = e["details"]["invocation_id"]
+            .as_str()
+            .expect("id")
+            .to_owned();
         // A long motion, then the process dies (SIGKILL) before its receipt.
         let lost = start_motion(&s, 2.0, 0.5);
         wait_running(&s);
         s.kill();
-        (done, lost)
+        (done, lost, refused)
     };
     let s = Server::start(Transport::Http, Some(&state));
     let record = ok(get(&s, &format!("/invocations/{done}")), 200);
     assert_eq!(record["status"], "completed", "{record}");
     assert_eq!(record["receipt"]["status"], "completed", "{record}");
+    let record = ok(get(&s, &format!("/invocations/{refused}")), 200);
+    assert_eq!(record["status"], "rejected", "{record}");
+    assert_eq!(
+        record["error"]["mhs_code"], "MHS.SAFETY.ENVELOPE_VIOLATION",
+        "{record}"
+    );
     let result = ok(get(&s, &format!("/invocations/{lost}/result")), 200);
     assert_eq!(result["status"], "unknown", "{result}");
     assert!(result["receipt"].is_null(), "{result}");

@@ -459,7 +459,7 @@ impl Gateway {
         if let Err(e) = self.commit(commit).await {
             // Not durable: nothing is dispatched and the id is forgotten.
             let outcome = Outcome::Error(
-                json!({"code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
+                json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
             );
             if let Ok(mut t) = self.table.lock() {
                 t.finish(inv_id, &outcome, now_ms());
@@ -525,8 +525,17 @@ impl Gateway {
         else {
             return;
         };
-        // Queued, not awaited: the receipt itself is already durable (or
-        // marked not durable) by the kernel; this links the invocation to it.
+        // A dispatched command's receipt is durable under its command_id
+        // (the kernel's receipts table), where a restart finds it through the
+        // accepted record: nothing more to write. A refusal is evidence but
+        // never the stored outcome of its id, so the invocation keeps it, as
+        // does one whose receipt could not be made durable.
+        let stored_by_kernel = matches!(outcome, Outcome::Receipt(r)
+            if r["status"] != "rejected" && r.get("x-tether").is_none());
+        if stored_by_kernel {
+            return;
+        }
+        // Queued, not awaited: the answer does not depend on it.
         self.kernel.store().submit(
             Commit {
                 events: vec![EventDraft {
@@ -703,7 +712,7 @@ fn unreachable_estop() -> Result<(StatusCode, Value), RestError> {
 }
 
 fn api_error_json(e: &ApiError) -> Value {
-    json!({"code": e.code.as_str(), "message": e.message, "details": e.details, "retryable": e.code.retryable()})
+    json!({"mhs_code": e.code.as_str(), "message": e.message, "details": e.details, "retryable": e.code.retryable()})
 }
 
 /// A rejected receipt as the REST error: the receipt's code, message and

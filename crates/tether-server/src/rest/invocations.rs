@@ -142,7 +142,8 @@ pub(crate) fn recovered(mut info: Value, receipt: Option<Value>) -> Value {
             info["status"] = json!("unknown");
             info["receipt"] = Value::Null;
             info["error"] = json!({
-                "code": "MHS.OUTCOME.UNKNOWN",
+                "mhs_code": "MHS.OUTCOME.UNKNOWN",
+                "retryable": false,
                 "message": "accepted durably, but no outcome was recorded (the endpoint stopped while it ran); read the device before acting again",
                 "details": {"reason": "no_receipt_recorded", "stopped": false},
             });

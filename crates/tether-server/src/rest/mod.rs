@@ -192,12 +192,12 @@ async fn invoke(
             let name = segment
                 .strip_suffix(":invoke")
                 .ok_or_else(|| no_route(&format!("/tools/{segment}")))?;
-            let tool = s.gw.tool(name)?.clone();
+            let tool = s.gw.tool(name)?;
             if tool.kind == crate::tools::ToolKind::Estop {
-                return invoke_estop(&s, &p, &tool, body).await;
+                return invoke_estop(&s, &p, tool, body).await;
             }
             let body: InvokeBody = from_body(read_json(body).await?.unwrap_or(json!({})))?;
-            s.gw.invoke(&p, &tool, body).await
+            s.gw.invoke(&p, tool, body).await
         }
         .await,
     )
