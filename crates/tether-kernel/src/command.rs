@@ -448,7 +448,21 @@ impl Kernel {
     /// # Errors
     /// Session errors; `NOT_WRITABLE` when the resource has no configure binding
     /// or another class is named.
-    pub async fn write(&self, p: &Principal, mut req: CommandRequest) -> Result<Value, ApiError> {
+    pub async fn write(&self, p: &Principal, req: CommandRequest) -> Result<Value, ApiError> {
+        self.write_cancellable(p, req, CancelToken::new()).await
+    }
+
+    /// `write` with a cancellation token the caller keeps (see
+    /// [`Kernel::command_cancellable`]).
+    ///
+    /// # Errors
+    /// As `write`.
+    pub async fn write_cancellable(
+        &self,
+        p: &Principal,
+        mut req: CommandRequest,
+        cancel: CancelToken,
+    ) -> Result<Value, ApiError> {
         let dev = self.device(&req.device_id)?;
         let resource = req
             .resource
@@ -481,7 +495,7 @@ impl Kernel {
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
-        self.command(p, req).await
+        self.command_cancellable(p, req, cancel).await
     }
 
     // ----- commands -------------------------------------------------------
@@ -493,6 +507,24 @@ impl Kernel {
     /// Protocol-level refusals only (session, device, params); every refusal
     /// inside the order is a rejected receipt.
     pub async fn command(&self, p: &Principal, req: CommandRequest) -> Result<Value, ApiError> {
+        self.command_cancellable(p, req, CancelToken::new()).await
+    }
+
+    /// `command` with a cancellation token the caller keeps, so it can cancel
+    /// the command before its operation id is known (the REST gateway answers
+    /// before dispatch). Cancelled before dispatch, the command is refused
+    /// (`MHS.OUTCOME.CANCELLED`, nothing dispatched); after, cancellation is
+    /// cooperative as for any operation. Stop-class and safe-state commands
+    /// ignore the token: a stop is never cancelled.
+    ///
+    /// # Errors
+    /// As `command`.
+    pub async fn command_cancellable(
+        &self,
+        p: &Principal,
+        req: CommandRequest,
+        cancel: CancelToken,
+    ) -> Result<Value, ApiError> {
         let t0 = Instant::now();
         let accepted_at_ms = now_ms();
         let command_id = match &req.command_id {
@@ -633,7 +665,7 @@ impl Kernel {
             }
         }
         match self.admit(&ctx, true) {
-            Ok(admitted) => self.dispatch(ctx, admitted).await,
+            Ok(admitted) => self.dispatch(ctx, admitted, cancel).await,
             Err(refusal) => {
                 // A hold answers only once its approval is durable.
                 let refusal = match ctx.new_approval.get() {
@@ -942,7 +974,12 @@ impl Kernel {
 
     /// Step 12: lock, revision, durable admission evidence, dispatch, output
     /// validation, receipt.
-    async fn dispatch(&self, ctx: Ctx, admitted: Admitted) -> Result<Value, ApiError> {
+    async fn dispatch(
+        &self,
+        ctx: Ctx,
+        admitted: Admitted,
+        caller_cancel: CancelToken,
+    ) -> Result<Value, ApiError> {
         let dev = &self.inner.devices[ctx.device];
         let (b, _) = dev.binding(ctx.binding);
         if Kernel::is_effectful(b) {
@@ -1029,7 +1066,12 @@ impl Kernel {
             }
         }
         let op_id = ids::mint("op_");
-        let cancel = CancelToken::new();
+        // A stop is never cancelled, so it never runs on the caller's token.
+        let cancel = if Kernel::is_effectful(b) {
+            caller_cancel
+        } else {
+            CancelToken::new()
+        };
         if let Err(r) = self.register_op(&ctx, b, &op_id, &cancel) {
             return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
         }
@@ -1217,6 +1259,16 @@ impl Kernel {
                 Some(g) => self.check_grant_for(g, ctx.device, ctx.binding, &ctx.digest, true)?,
                 None => return Err(latched_refusal(dev)),
             }
+        }
+        // Checked under the operation table's lock: a cancel delivered before
+        // this point refuses the command, one delivered after reaches the
+        // running operation.
+        if cancel.is_cancelled() {
+            return Err(Refusal::new(
+                Code::OutcomeCancelled,
+                "cancelled before dispatch; nothing was dispatched",
+                json!({"reason": "cancelled_before_dispatch"}),
+            ));
         }
         if let Some(id) = &ctx.permit_id {
             self.check_permit(id, ctx, true)?;

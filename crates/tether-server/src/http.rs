@@ -1,4 +1,5 @@
-//! JSON-RPC over HTTP: `POST /rpc` (and `GET /healthz`).
+//! JSON-RPC over HTTP: `POST /rpc` (and `GET /healthz`), with the REST tool
+//! gateway (`crate::rest`) on the same server.
 //!
 //! Each request runs on its own task, so an e-stop is served while a long
 //! motion is in flight on another connection.
@@ -25,13 +26,17 @@ struct AppState {
 
 /// The router (exposed for in-process tests).
 pub fn router(kernel: Kernel, auth: Authenticator) -> Router {
+    let auth = Arc::new(auth);
     Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(healthz))
         .with_state(AppState {
-            kernel,
-            auth: Arc::new(auth),
+            kernel: kernel.clone(),
+            auth: Arc::clone(&auth),
         })
+        .merge(crate::rest::router(kernel, auth))
+        .fallback(crate::rest::not_found)
+        .method_not_allowed_fallback(crate::rest::method_not_allowed)
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {

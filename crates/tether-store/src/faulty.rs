@@ -76,6 +76,10 @@ impl Store for FaultyStore {
         self.read_check()?;
         self.inner.open_ops()
     }
+    fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
+        self.read_check()?;
+        self.inner.invocation(invocation_id)
+    }
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError> {
         self.read_check()?;
         self.inner.budget_rows_since(ts_ms)

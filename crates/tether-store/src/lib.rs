@@ -131,6 +131,8 @@ pub struct Commit {
     pub closed_ops: Vec<String>,
     /// Approval records to insert or overwrite (the kernel owns their meaning).
     pub approvals: Vec<ApprovalRow>,
+    /// Gateway invocations to record (insert or overwrite by `invocation_id`).
+    pub invocations: Vec<InvocationRow>,
 }
 
 /// One approval record, stored whole: the kernel's state machine writes the
@@ -141,6 +143,17 @@ pub struct ApprovalRow {
     pub approval_id: String,
     /// The record (binding, input digest, principal, votes, status, ...).
     pub record: Value,
+}
+
+/// One invocation of the REST tool gateway, retained so that its id answers
+/// after a restart. The store keeps `info` as given (the gateway decides what
+/// it holds: tool, attempt, command id, status, receipt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvocationRow {
+    /// `inv_<ULID>`, minted by the gateway.
+    pub invocation_id: String,
+    /// What the gateway needs to answer for it later.
+    pub info: Value,
 }
 
 /// A physical operation whose start is durable and whose finish is not yet:
@@ -267,6 +280,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every approval record, oldest first.
     fn approvals(&self) -> Result<Vec<ApprovalRow>, StoreError>;
+    /// The recorded invocation `invocation_id`, if any.
+    fn invocation(&self, invocation_id: &str) -> Result<Option<InvocationRow>, StoreError>;
 
     /// Budget rows with `ts_ms >= ts_ms`, oldest first.
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError>;

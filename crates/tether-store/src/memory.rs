@@ -27,6 +27,7 @@ struct State {
     version: u64,
     open_ops: BTreeMap<String, crate::OpenOp>,
     approvals: Vec<crate::ApprovalRow>,
+    invocations: HashMap<String, crate::InvocationRow>,
 }
 
 impl State {
@@ -176,6 +177,10 @@ impl Backend for MemoryBackend {
                     None => st.approvals.push(a.clone()),
                 }
             }
+            for (row, _) in &c.invocations {
+                st.invocations
+                    .insert(row.invocation_id.clone(), row.clone());
+            }
             for id in &c.budget_releases {
                 if let Some(&at) = st.budget_index.get(id) {
                     if let Some(row) = st.budget.get_mut(at) {
@@ -242,6 +247,10 @@ impl Store for MemoryStore {
 
     fn open_ops(&self) -> Result<Vec<crate::OpenOp>, StoreError> {
         Ok(lock(&self.state).open_ops.values().cloned().collect())
+    }
+
+    fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
+        Ok(lock(&self.state).invocations.get(invocation_id).cloned())
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {

@@ -47,6 +47,7 @@ pub(crate) struct Prepared {
     pub open_ops: Vec<(crate::OpenOp, String)>,
     pub closed_ops: Vec<String>,
     pub approvals: Vec<(crate::ApprovalRow, String)>,
+    pub invocations: Vec<(crate::InvocationRow, String)>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -91,6 +92,7 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         ("open_ops", c.open_ops.len()),
         ("closed_ops", c.closed_ops.len()),
         ("approvals", c.approvals.len()),
+        ("invocations", c.invocations.len()),
     ];
     for (what, n) in counts {
         if n > MAX_ITEMS_PER_COMMIT {
@@ -180,6 +182,14 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         let record_json = bounded_json(&a.record, "approval record")?;
         approvals.push((a, record_json));
     }
+    let mut invocations = Vec::with_capacity(c.invocations.len());
+    for row in c.invocations {
+        if row.invocation_id.is_empty() {
+            return Err(invalid("invocation_id is empty"));
+        }
+        let info_json = bounded_json(&row.info, "invocation info")?;
+        invocations.push((row, info_json));
+    }
     Ok(Prepared {
         approvals,
         events,
@@ -190,5 +200,6 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         budget_releases: c.budget_releases,
         open_ops,
         closed_ops: c.closed_ops,
+        invocations,
     })
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 pub const DB_FILE_NAME: &str = "tether.db";
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for another process holding the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,6 +84,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
         record TEXT NOT NULL,
         created_seq INTEGER NOT NULL
     );",
+    ),
+    (
+        3,
+        // Invocations of the REST tool gateway, retained across restarts.
+        "CREATE TABLE invocations(
+        invocation_id TEXT PRIMARY KEY,
+        info TEXT NOT NULL
+    ) WITHOUT ROWID;",
     ),
 ];
 
@@ -553,6 +561,15 @@ impl SqliteBackend {
                 ])?;
             }
         }
+        if !c.invocations.is_empty() {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO invocations(invocation_id, info) VALUES (?1, ?2)
+                 ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info",
+            )?;
+            for (row, info) in &c.invocations {
+                upsert.execute(params![&row.invocation_id, info])?;
+            }
+        }
         Ok(Ok(CommitAck {
             first_seq,
             last_seq: self.head.seq,
@@ -669,6 +686,22 @@ impl Store for SqliteStore {
             });
         }
         Ok(out)
+    }
+
+    fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT info FROM invocations WHERE invocation_id = ?1")?;
+        let info: Option<String> = st.query_row([invocation_id], |r| r.get(0)).optional()?;
+        info.map(|info| {
+            let info: Value = serde_json::from_str(&info)
+                .map_err(|e| corrupt_json("invocation", invocation_id, e))?;
+            Ok(crate::InvocationRow {
+                invocation_id: invocation_id.to_owned(),
+                info,
+            })
+        })
+        .transpose()
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {

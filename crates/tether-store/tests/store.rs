@@ -64,6 +64,7 @@ fn full_commit(id: &str) -> Commit {
             approval_id: format!("appr-{id}"),
             record: json!({"status": "pending", "votes": []}),
         }],
+        invocations: vec![],
     }
 }
 
@@ -616,4 +617,37 @@ fn drop_drains_the_queue() {
     assert_eq!(rx.iter().filter(|ok| *ok).count(), 500);
     let s = SqliteStore::open(dir.path()).expect("reopen");
     assert_eq!(s.chain_head().expect("head").map(|h| h.0), Some(1000));
+}
+
+#[test]
+fn invocations_are_upserted_and_survive_a_reopen() {
+    let row = |status: &str| tether_store::InvocationRow {
+        invocation_id: "inv_1".into(),
+        info: json!({"command_id": "c1", "status": status}),
+    };
+    both(|s| {
+        assert_eq!(s.invocation("inv_1").expect("read"), None);
+        s.commit_blocking(Commit {
+            invocations: vec![row("pending")],
+            ..Commit::default()
+        })
+        .expect("insert");
+        s.commit_blocking(Commit {
+            invocations: vec![row("completed")],
+            ..Commit::default()
+        })
+        .expect("overwrite");
+        assert_eq!(s.invocation("inv_1").expect("read"), Some(row("completed")));
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(Commit {
+            invocations: vec![row("pending")],
+            ..Commit::default()
+        })
+        .expect("insert");
+    }
+    let s = SqliteStore::open(dir.path()).expect("reopen");
+    assert_eq!(s.invocation("inv_1").expect("read"), Some(row("pending")));
 }

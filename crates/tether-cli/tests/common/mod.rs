@@ -347,6 +347,19 @@ pub fn http_post_with(
     timeout: Duration,
     headers: &str,
 ) -> HttpResponse {
+    http_request(addr, "POST", "/rpc", body, timeout, headers)
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`); a body
+/// is sent with its length whatever the method.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+    headers: &str,
+) -> HttpResponse {
     let deadline = Instant::now() + timeout;
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     stream
@@ -355,7 +368,7 @@ pub fn http_post_with(
     stream
         .set_write_timeout(Some(timeout))
         .expect("write timeout");
-    let mut request = format!("POST /rpc HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
     request.extend_from_slice(body);
     let mut w = stream.try_clone().expect("clone stream");
     let writer = std::thread::spawn(move || {

@@ -1,0 +1,153 @@
+//! The REST tool gateway under load, on loopback, in one process: keep-alive
+//! clients invoke `thermostat-1__setpoint` (a governed action: the whole
+//! evaluation order, durable evidence in SQLite WAL with synchronous=FULL and
+//! group commit). Each invoke is answered 202 once its invocation record is
+//! durable; each client then polls nothing, it just invokes again. The figure
+//! counts invocations accepted per second, and separately invocations whose
+//! receipt was recorded (the gateway's `/result` turning terminal), measured
+//! by draining at the end.
+//!
+//! Run: `cargo bench -p tether-server --bench rest_load [-- CLIENTS SECONDS]`.
+
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tether_kernel::{Kernel, KernelConfig};
+use tether_store::SqliteStore;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// A keep-alive HTTP/1.1 client.
+struct Client {
+    conn: BufReader<TcpStream>,
+}
+
+impl Client {
+    async fn connect(addr: std::net::SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).await.expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Client {
+            conn: BufReader::new(s),
+        }
+    }
+
+    async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let head = format!("{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+        let w = self.conn.get_mut();
+        w.write_all(head.as_bytes()).await.expect("write");
+        w.write_all(body.as_bytes()).await.expect("write");
+        let mut len = 0usize;
+        let mut status = 0u16;
+        let mut line = String::new();
+        // Headers: bounded by the server's few lines.
+        for i in 0..64 {
+            line.clear();
+            self.conn.read_line(&mut line).await.expect("read");
+            let l = line.trim_end();
+            if i == 0 {
+                status = l
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .expect("status");
+            }
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().expect("length");
+            }
+        }
+        let mut buf = vec![0u8; len];
+        self.conn.read_exact(&mut buf).await.expect("body");
+        (status, serde_json::from_slice(&buf).expect("json"))
+    }
+}
+
+fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let clients = args.first().copied().unwrap_or(64);
+    let seconds = args.get(1).copied().unwrap_or(8);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
+    let kernel = Kernel::new(
+        KernelConfig::standard("rest-load"),
+        cell,
+        drivers,
+        store.clone(),
+    )
+    .expect("kernel");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(tether_server::http::serve(kernel, tether_server::auth::Authenticator::open(), listener, std::future::pending()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let last_ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..clients {
+            let (stop, accepted, last_ids) = (stop.clone(), accepted.clone(), last_ids.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                let mut n = 0u64;
+                let mut last = String::new();
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let t = 20.0 + ((i + n) % 60) as f64;
+                    let body = json!({"input": {"target_temperature": t}}).to_string();
+                    let (status, r) = c.request("POST", "/tools/thermostat-1__setpoint:invoke", &body).await;
+                    assert_eq!(status, 202, "{r}");
+                    last = r["data"]["invocation_id"].as_str().unwrap_or_default().to_owned();
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Ok(mut l) = last_ids.lock() {
+                    l.push(last);
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let start_count = accepted.load(Ordering::Relaxed);
+        let stats0 = store.stats();
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let total = accepted.load(Ordering::Relaxed) - start_count;
+        let elapsed = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        // Drain: every client's last invocation reaches its receipt.
+        let mut c = Client::connect(addr).await;
+        let ids = last_ids.lock().map(|l| l.clone()).unwrap_or_default();
+        let drain = Instant::now();
+        for id in ids {
+            for _ in 0..1000 {
+                let (status, r) = c.request("GET", &format!("/invocations/{id}/result"), "").await;
+                if status == 200 {
+                    assert_eq!(r["data"]["status"], "completed", "{r}");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        let stats1 = store.stats();
+        println!("FIGURE rest_invoke_load clients={clients} seconds={elapsed:.1} invocations={total} invocations_per_s={:.0}", total as f64 / elapsed);
+        println!("FIGURE rest_drain_ms {:.1}", drain.elapsed().as_secs_f64() * 1000.0);
+        println!("FIGURE rest_store stats_before={stats0:?} stats_after={stats1:?}");
+    });
+}

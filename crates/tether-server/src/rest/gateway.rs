@@ -1,0 +1,740 @@
+//! What the routes do: tools, context, invoke, and the invocation lifecycle.
+//!
+//! The gateway decides nothing: every read, write, action and stop goes
+//! through `Kernel` with the caller's principal, on a session the gateway
+//! keeps for that principal.
+
+use super::envelope::RestError;
+use super::invocations::{self, Invocation, Outcome, Table, PENDING};
+use crate::tools::{Tool, ToolKind};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tether_core::catalogue;
+use tether_core::ids::{self, CommandId};
+use tether_core::receipt::now_ms;
+use tether_core::Code;
+use tether_kernel::{
+    ApiError, CancelToken, CommandRequest, EstopRequest, Kernel, Principal, ReadRequest,
+    SessionOpen,
+};
+use tether_store::{canonical, Commit, EventDraft, InvocationRow};
+
+/// Longest deadline an invocation may ask for, ms (as on JSON-RPC).
+const DEADLINE_MS_MAX: u64 = 86_400_000;
+/// The gateway's session lifetime: at least the longest deadline, and renewed
+/// at every invocation, so a session never expires under a running command
+/// (an expiry would cancel it).
+const SESSION_TTL_MS: u64 = 86_400_000;
+/// How long an invoke whose preflight was refused waits for the real
+/// command's rejected receipt before answering 202 instead.
+const REFUSAL_WAIT: Duration = Duration::from_secs(2);
+/// Deadline of the device stop run by `POST /invocations/{id}/stop`.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
+/// Longest e-stop reason kept.
+const REASON_CHARS_MAX: usize = 512;
+
+/// The body of `POST /tools/{id}:invoke`. A member may be absent but never
+/// `null` (strict: `null` is not a value of any of them).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InvokeBody {
+    #[serde(default, deserialize_with = "present")]
+    pub input: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    pub deadline_ms: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    pub command_id: Option<String>,
+}
+
+/// A member that is present must hold a value: `null` is refused.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let v = Value::deserialize(d)?;
+    if v.is_null() {
+        return Err(serde::de::Error::custom("null is not allowed here"));
+    }
+    T::deserialize(v)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// The optional body of `POST /invocations/{id}/cancel|stop`: an empty
+/// object (members are refused, so a misspelt option is never ignored).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ControlBody {}
+
+/// The REST gateway over one kernel.
+pub(crate) struct Gateway {
+    pub kernel: Kernel,
+    tools: Vec<Tool>,
+    by_name: HashMap<String, usize>,
+    /// One kernel session per principal id (bounded by the configured
+    /// principals, which are finite).
+    sessions: Mutex<HashMap<String, String>>,
+    table: Mutex<Table>,
+}
+
+fn internal(what: &str) -> RestError {
+    RestError::new(
+        Code::ProtocolInternal,
+        format!("{what} unavailable"),
+        json!({"reason": "lock_poisoned"}),
+    )
+}
+
+impl Gateway {
+    /// The tool catalogue is fixed for the life of the kernel (limits are
+    /// resolved at load), so it is built once.
+    pub fn new(kernel: Kernel) -> Self {
+        let tools = crate::tools::catalogue(&kernel);
+        let by_name = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Self {
+            kernel,
+            tools,
+            by_name,
+            sessions: Mutex::new(HashMap::new()),
+            table: Mutex::new(Table::default()),
+        }
+    }
+
+    pub fn tools_json(&self) -> Value {
+        json!({"tools": self.tools.iter().map(Tool::to_json).collect::<Vec<_>>()})
+    }
+
+    pub fn tool(&self, name: &str) -> Result<&Tool, RestError> {
+        self.by_name
+            .get(name)
+            .and_then(|&i| self.tools.get(i))
+            .ok_or_else(|| {
+                RestError::new(
+                    Code::CapabilityUnknown,
+                    format!("no tool `{name}`; GET /tools lists them"),
+                    json!({"tool_id": name}),
+                )
+            })
+    }
+
+    // ----- sessions ---------------------------------------------------
+
+    /// The principal's gateway session, renewed; opened (again) when absent,
+    /// expired or closed.
+    async fn session_for(&self, p: &Principal) -> Result<String, RestError> {
+        let known = self
+            .sessions
+            .lock()
+            .map_err(|_| internal("session map"))?
+            .get(&p.id)
+            .cloned();
+        if let Some(sid) = known {
+            if self.kernel.session_heartbeat(p, &sid).is_ok() {
+                return Ok(sid);
+            }
+        }
+        let opened = self
+            .kernel
+            .session_open(
+                p,
+                SessionOpen {
+                    device_ids: None,
+                    capabilities: None,
+                    ttl_ms: Some(SESSION_TTL_MS),
+                },
+            )
+            .await?;
+        let sid = opened["session_id"]
+            .as_str()
+            .ok_or_else(|| internal("session id"))?
+            .to_owned();
+        self.sessions
+            .lock()
+            .map_err(|_| internal("session map"))?
+            .insert(p.id.clone(), sid.clone());
+        Ok(sid)
+    }
+
+    // ----- context ----------------------------------------------------
+
+    /// What a planner needs before invoking: limits, live state, mode and
+    /// risk, the latch, interlocks and running operations.
+    pub async fn context(&self, p: &Principal, tool: &Tool) -> Result<Value, RestError> {
+        let mut out = tool.to_json();
+        let Some(device_id) = tool.device_id.clone() else {
+            out["devices"] = self.kernel.safety_status(None)?["devices"].clone();
+            return Ok(json!({"tool": out["tool_id"], "context": out}));
+        };
+        let status = self.kernel.safety_status(Some(&device_id))?;
+        let dev = &status["devices"][0];
+        out["latched"] = dev["latched"].clone();
+        out["latch"] = dev["latch"].clone();
+        out["interlocks"] = dev["interlocks"].clone();
+        out["running_operations"] = dev["running_operations"].clone();
+        let sid = self.session_for(p).await?;
+        let read = self
+            .kernel
+            .read(
+                p,
+                ReadRequest {
+                    session_id: Some(sid),
+                    device_id,
+                    resource: tool.resource.clone(),
+                },
+            )
+            .await;
+        match read {
+            Ok(r) => {
+                out["state"] = json!({"revision": r["revision"], "state": r["state"], "state_hash": r["state_hash"], "sampled_at": r["sampled_at"]});
+                out["state_error"] = Value::Null;
+            }
+            Err(e) => {
+                out["state"] = Value::Null;
+                out["state_error"] = json!({"code": e.code.as_str(), "message": e.message});
+            }
+        }
+        out["not_certified"] = json!(true);
+        Ok(json!({"tool": out["tool_id"], "context": out}))
+    }
+
+    // ----- invoke -----------------------------------------------------
+
+    /// Reads answer 200 with the result, the e-stop 200 with its receipt,
+    /// writes and actions 202 with an invocation (or the refusal as an error).
+    pub async fn invoke(
+        self: &Arc<Self>,
+        p: &Principal,
+        tool: &Tool,
+        body: InvokeBody,
+    ) -> Result<(StatusCode, Value), RestError> {
+        if tool.kind == ToolKind::Estop {
+            // Nothing about the request may prevent a stop: a non-object input
+            // stops every device and an invalid deadline is ignored.
+            let deadline = body
+                .deadline_ms
+                .filter(|ms| (1..=DEADLINE_MS_MAX).contains(ms))
+                .map(Duration::from_millis);
+            let input = body.input.filter(Value::is_object).unwrap_or(json!({}));
+            return self.estop(p, input, deadline).await;
+        }
+        let input = body.input.unwrap_or_else(|| json!({}));
+        if !input.is_object() {
+            return Err(RestError::invalid(
+                "input_not_object",
+                "input must be a JSON object",
+            ));
+        }
+        let deadline = match body.deadline_ms {
+            None => None,
+            Some(ms) if (1..=DEADLINE_MS_MAX).contains(&ms) => Some(Duration::from_millis(ms)),
+            Some(_) => {
+                return Err(RestError::invalid(
+                    "deadline_invalid",
+                    "deadline_ms must be between 1 and 86400000",
+                ))
+            }
+        };
+        let command_id = match body.command_id {
+            Some(raw) => CommandId::parse(&raw).map_err(|e| {
+                RestError::invalid("command_id_invalid", format!("command_id: {e}"))
+            })?,
+            None => CommandId::mint(),
+        };
+        match tool.kind {
+            ToolKind::Estop => unreachable_estop(),
+            ToolKind::Read => self.read(p, tool, &input).await,
+            ToolKind::Write | ToolKind::Action => {
+                let req = CommandRequest {
+                    session_id: Some(self.session_for(p).await?),
+                    device_id: tool.device_id.clone().unwrap_or_default(),
+                    capability_id: tool.capability_id.clone(),
+                    resource: Some(tool.resource.clone()),
+                    input,
+                    command_id: Some(command_id.as_str().to_owned()),
+                    deadline,
+                    expected_revision: None,
+                    safe_place_grant: None,
+                    permit_id: None,
+                };
+                self.invoke_command(p, tool, req).await
+            }
+        }
+    }
+
+    async fn read(
+        &self,
+        p: &Principal,
+        tool: &Tool,
+        input: &Value,
+    ) -> Result<(StatusCode, Value), RestError> {
+        if input.as_object().is_some_and(|o| !o.is_empty()) {
+            return Err(RestError::new(
+                Code::CapabilityInputInvalid,
+                "a read takes no input",
+                json!({"reason": "read_takes_no_input"}),
+            ));
+        }
+        let sid = self.session_for(p).await?;
+        let result = self
+            .kernel
+            .read(
+                p,
+                ReadRequest {
+                    session_id: Some(sid),
+                    device_id: tool.device_id.clone().unwrap_or_default(),
+                    resource: tool.resource.clone(),
+                },
+            )
+            .await?;
+        Ok((
+            StatusCode::OK,
+            json!({"tool_id": tool.name, "result": result}),
+        ))
+    }
+
+    /// The e-stop tool: served at once, never queued behind an invocation.
+    async fn estop(
+        &self,
+        p: &Principal,
+        input: Value,
+        deadline: Option<Duration>,
+    ) -> Result<(StatusCode, Value), RestError> {
+        let named = input.get("device_id").and_then(Value::as_str);
+        let device_ids: Vec<String> = named.map(|d| vec![d.to_owned()]).unwrap_or_default();
+        if let Some(d) = named {
+            if !self.kernel.device_ids().iter().any(|x| x == d) {
+                return Err(RestError::new(
+                    Code::DeviceUnknown,
+                    format!("no device `{d}` is served here; nothing was stopped"),
+                    json!({"device_id": d}),
+                ));
+            }
+        }
+        let reason = input
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("e-stop (REST)")
+            .chars()
+            .take(REASON_CHARS_MAX)
+            .collect();
+        let receipt = self
+            .kernel
+            .estop(EstopRequest {
+                device_ids,
+                reason,
+                envelope_defect: None,
+                requested_by: Some(p.clone()),
+                session_id: None,
+                deadline,
+            })
+            .await;
+        Ok((
+            StatusCode::OK,
+            json!({"tool_id": crate::tools::ESTOP_TOOL, "receipt": receipt}),
+        ))
+    }
+
+    /// A malformed e-stop request still stops: every device.
+    pub async fn estop_malformed(&self, p: &Principal, defect: &str) -> Value {
+        self.kernel
+            .estop(EstopRequest {
+                device_ids: Vec::new(),
+                reason: "e-stop (REST, malformed request)".into(),
+                envelope_defect: Some(defect.to_owned()),
+                requested_by: Some(p.clone()),
+                session_id: None,
+                deadline: None,
+            })
+            .await
+    }
+
+    async fn invoke_command(
+        self: &Arc<Self>,
+        p: &Principal,
+        tool: &Tool,
+        req: CommandRequest,
+    ) -> Result<(StatusCode, Value), RestError> {
+        // A dry run of steps 2-11 (no side effect): a refusal it finds is
+        // answered as an error once the real command has recorded it.
+        let refused = self.kernel.preflight(p, &req)?;
+        let cancellable =
+            !catalogue::class(&tool.capability_id).is_some_and(|c| c.flags.stop_class);
+        let info = json!({
+            "invocation_id": ids::mint("inv_"),
+            "attempt_id": ids::mint("att_"),
+            "tool_id": tool.name,
+            "device_id": tool.device_id,
+            "capability_id": tool.capability_id,
+            "resource": tool.resource,
+            "command_id": req.command_id,
+            "input_digest": canonical::digest(&req.input),
+            "principal": p.to_json(),
+            "accepted_at_ms": now_ms(),
+            "status": PENDING,
+            "cancel_requested": false,
+            "stop_requested": false,
+            "receipt": null,
+            "error": null,
+            "finished_at_ms": null,
+        });
+        let inv_id = info["invocation_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let cancel = CancelToken::new();
+        self.accept(&inv_id, &info, cancel.clone(), cancellable)
+            .await?;
+        let kind = tool.kind;
+        let run = tokio::spawn(Arc::clone(self).run(p.clone(), kind, req, cancel, inv_id.clone()));
+        if refused.is_some() {
+            if let Ok(Ok(Some(rejected))) = tokio::time::timeout(REFUSAL_WAIT, run).await {
+                return Err(refusal_error(&inv_id, &rejected));
+            }
+        }
+        let mut view = invocations::view(&info);
+        view["links"] = json!({
+            "self": format!("/invocations/{inv_id}"),
+            "result": format!("/invocations/{inv_id}/result"),
+            "cancel": format!("/invocations/{inv_id}/cancel"),
+            "stop": format!("/invocations/{inv_id}/stop"),
+        });
+        Ok((StatusCode::ACCEPTED, view))
+    }
+
+    /// Retains the invocation in memory and makes its record durable before
+    /// anything is answered or dispatched.
+    async fn accept(
+        &self,
+        inv_id: &str,
+        info: &Value,
+        cancel: CancelToken,
+        cancellable: bool,
+    ) -> Result<(), RestError> {
+        let inserted = self
+            .table
+            .lock()
+            .map_err(|_| internal("invocation table"))?
+            .insert(
+                inv_id.to_owned(),
+                Invocation {
+                    info: info.clone(),
+                    cancel,
+                    cancellable,
+                },
+            );
+        if !inserted {
+            return Err(RestError::new(
+                Code::ProtocolInternal,
+                "too many invocations are pending; retry later",
+                json!({"reason": "too_many_pending_invocations", "limit": invocations::PENDING_MAX}),
+            )
+            .with_status(StatusCode::SERVICE_UNAVAILABLE));
+        }
+        let mut event = info.clone();
+        if let Some(o) = event.as_object_mut() {
+            for k in ["receipt", "error", "finished_at_ms", "status"] {
+                o.remove(k);
+            }
+        }
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "invocation.accepted".into(),
+                body: event,
+            }],
+            invocations: vec![InvocationRow {
+                invocation_id: inv_id.to_owned(),
+                info: info.clone(),
+            }],
+            ..Commit::default()
+        };
+        if let Err(e) = self.commit(commit).await {
+            // Not durable: nothing is dispatched and the id is forgotten.
+            let outcome = Outcome::Error(
+                json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
+            );
+            if let Ok(mut t) = self.table.lock() {
+                t.finish(inv_id, &outcome, now_ms());
+            }
+            return Err(RestError::new(
+                Code::EvidenceUnavailable,
+                "the invocation could not be recorded durably, so nothing was dispatched",
+                json!({"reason": "invocation_not_durable", "store_error": e}),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.kernel.store().submit(
+            commit,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        match rx.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the store went away".into()),
+        }
+    }
+
+    /// Runs the command and records how it ended. Answers the receipt when
+    /// it was rejected (for the refusal answer of `invoke_command`).
+    async fn run(
+        self: Arc<Self>,
+        p: Principal,
+        kind: ToolKind,
+        req: CommandRequest,
+        cancel: CancelToken,
+        inv_id: String,
+    ) -> Option<Value> {
+        let answer = if kind == ToolKind::Write {
+            self.kernel.write_cancellable(&p, req, cancel).await
+        } else {
+            self.kernel.command_cancellable(&p, req, cancel).await
+        };
+        let outcome = match answer {
+            Ok(receipt) => Outcome::Receipt(receipt),
+            Err(e) => Outcome::Error(api_error_json(&e)),
+        };
+        let rejected = match &outcome {
+            Outcome::Receipt(r) if r["status"] == "rejected" => Some(r.clone()),
+            Outcome::Error(e) => Some(json!({"status": "rejected", "error": e})),
+            Outcome::Receipt(_) => None,
+        };
+        self.finish(&inv_id, &outcome);
+        rejected
+    }
+
+    fn finish(&self, inv_id: &str, outcome: &Outcome) {
+        let Some(info) = self
+            .table
+            .lock()
+            .ok()
+            .and_then(|mut t| t.finish(inv_id, outcome, now_ms()))
+        else {
+            return;
+        };
+        // A dispatched command's receipt is durable under its command_id
+        // (the kernel's receipts table), where a restart finds it through the
+        // accepted record: nothing more to write. A refusal is evidence but
+        // never the stored outcome of its id, so the invocation keeps it, as
+        // does one whose receipt could not be made durable.
+        let stored_by_kernel = matches!(outcome, Outcome::Receipt(r)
+            if r["status"] != "rejected" && r.get("x-tether").is_none());
+        if stored_by_kernel {
+            return;
+        }
+        // Queued, not awaited: the answer does not depend on it.
+        self.kernel.store().submit(
+            Commit {
+                events: vec![EventDraft {
+                    kind: "invocation.finished".into(),
+                    body: json!({"invocation_id": inv_id, "command_id": info["command_id"], "status": info["status"], "receipt_id": info["receipt"]["receipt_id"]}),
+                }],
+                invocations: vec![InvocationRow {
+                    invocation_id: inv_id.to_owned(),
+                    info,
+                }],
+                ..Commit::default()
+            },
+            Box::new(|r| {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "invocation finish record failed");
+                }
+            }),
+        );
+    }
+
+    // ----- lifecycle --------------------------------------------------
+
+    /// The invocation record for its owner: memory first, then the store.
+    /// Another principal's invocation reads as unknown.
+    pub fn lookup(&self, p: &Principal, inv_id: &str) -> Result<Value, RestError> {
+        let unknown = || {
+            RestError::new(
+                Code::OperationUnknown,
+                format!("no invocation `{inv_id}` for this caller"),
+                json!({"invocation_id": inv_id}),
+            )
+        };
+        let in_memory = self
+            .table
+            .lock()
+            .map_err(|_| internal("invocation table"))?
+            .get(inv_id)
+            .map(|i| i.info.clone());
+        let info = match in_memory {
+            Some(info) => info,
+            None => self.recover(inv_id)?.ok_or_else(unknown)?,
+        };
+        if info["principal"]["id"].as_str() != Some(p.id.as_str()) {
+            return Err(unknown());
+        }
+        Ok(info)
+    }
+
+    /// A record from the store (after a restart or an eviction). A store that
+    /// cannot be read refuses rather than guessing.
+    fn recover(&self, inv_id: &str) -> Result<Option<Value>, RestError> {
+        let unavailable = |e: tether_store::StoreError| {
+            RestError::new(
+                Code::EvidenceUnavailable,
+                "the invocation record cannot be read right now",
+                json!({"reason": "store_unreadable", "store_error": e.to_string()}),
+            )
+        };
+        let Some(row) = self
+            .kernel
+            .store()
+            .invocation(inv_id)
+            .map_err(unavailable)?
+        else {
+            return Ok(None);
+        };
+        let receipt = match row.info["command_id"].as_str() {
+            Some(cid) if row.info["status"] == PENDING => self
+                .kernel
+                .store()
+                .receipt(cid)
+                .map_err(unavailable)?
+                .map(|r| r.receipt),
+            _ => None,
+        };
+        Ok(Some(invocations::recovered(row.info, receipt)))
+    }
+
+    /// Delivers cancellation; never waits for, nor claims, a stop.
+    pub fn cancel(&self, p: &Principal, inv_id: &str) -> Result<(StatusCode, Value), RestError> {
+        let info = self.lookup(p, inv_id)?;
+        let mut table = self
+            .table
+            .lock()
+            .map_err(|_| internal("invocation table"))?;
+        let Some(inv) = table.get_mut(inv_id).filter(|i| i.pending()) else {
+            return Ok((
+                StatusCode::OK,
+                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "already_finished", "status": info["status"]}),
+            ));
+        };
+        if !inv.cancellable {
+            return Ok((
+                StatusCode::OK,
+                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled", "status": PENDING}),
+            ));
+        }
+        inv.cancel.cancel();
+        inv.info["cancel_requested"] = json!(true);
+        Ok((
+            StatusCode::ACCEPTED,
+            json!({"invocation_id": inv_id, "cancel_delivered": true, "status": PENDING,
+                   "note": "delivered, not confirmed: the invocation's result says how it ended"}),
+        ))
+    }
+
+    /// Runs the device's stop-class command (e.g. `cap.motion.stop.v1`),
+    /// which cancels every running operation of the device and asks the
+    /// driver to halt. Not an e-stop: nothing is latched.
+    pub async fn stop(
+        &self,
+        p: &Principal,
+        inv_id: &str,
+    ) -> Result<(StatusCode, Value), RestError> {
+        let info = self.lookup(p, inv_id)?;
+        let pending = self
+            .table
+            .lock()
+            .map_err(|_| internal("invocation table"))?
+            .get(inv_id)
+            .is_some_and(Invocation::pending);
+        if !pending {
+            return Ok((
+                StatusCode::OK,
+                json!({"invocation_id": inv_id, "stop_delivered": false, "reason": "already_finished", "status": info["status"]}),
+            ));
+        }
+        let device_id = info["device_id"].as_str().unwrap_or_default().to_owned();
+        let stop = self.stop_tool(&device_id).ok_or_else(|| {
+            RestError::new(
+                Code::CapabilityNotBound,
+                format!("device `{device_id}` has no stop binding; cancel the invocation, or use the estop tool"),
+                json!({"reason": "no_stop_binding", "device_id": device_id}),
+            )
+            .with_status(StatusCode::CONFLICT)
+        })?;
+        if let Ok(mut t) = self.table.lock() {
+            if let Some(inv) = t.get_mut(inv_id) {
+                inv.info["stop_requested"] = json!(true);
+            }
+        }
+        let req = CommandRequest {
+            session_id: Some(self.session_for(p).await?),
+            device_id: device_id.clone(),
+            capability_id: stop.capability_id.clone(),
+            resource: Some(stop.resource.clone()),
+            input: json!({}),
+            command_id: None,
+            deadline: Some(STOP_DEADLINE),
+            expected_revision: None,
+            safe_place_grant: None,
+            permit_id: None,
+        };
+        let receipt = self.kernel.command(p, req).await?;
+        Ok((
+            StatusCode::OK,
+            json!({"invocation_id": inv_id, "stop_delivered": true, "stop_tool": stop.name, "stop_receipt": receipt,
+                   "note": "the device's stop ran (see stop_receipt); the invocation's result says how it ended"}),
+        ))
+    }
+
+    fn stop_tool(&self, device_id: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| {
+            t.device_id.as_deref() == Some(device_id)
+                && t.capability_id != catalogue::ESTOP
+                && catalogue::class(&t.capability_id).is_some_and(|c| c.flags.stop_class)
+        })
+    }
+}
+
+/// The e-stop is served before this match; kept total without a panic.
+fn unreachable_estop() -> Result<(StatusCode, Value), RestError> {
+    Err(internal("e-stop routing"))
+}
+
+fn api_error_json(e: &ApiError) -> Value {
+    json!({"mhs_code": e.code.as_str(), "message": e.message, "details": e.details, "retryable": e.code.retryable()})
+}
+
+/// A rejected receipt as the REST error: the receipt's code, message and
+/// details (path, bound, value, ... for limits), plus the receipt itself and
+/// the invocation that retains it.
+fn refusal_error(inv_id: &str, rejected: &Value) -> RestError {
+    let err = &rejected["error"];
+    let code_name = err["mhs_code"]
+        .as_str()
+        .or_else(|| err["code"].as_str())
+        .unwrap_or("MHS.PROTOCOL.INTERNAL");
+    let code = Code::from_name(code_name).unwrap_or(Code::ProtocolInternal);
+    let mut details = if err["details"].is_object() {
+        err["details"].clone()
+    } else {
+        json!({})
+    };
+    details["invocation_id"] = json!(inv_id);
+    details["receipt"] = if rejected.get("receipt_id").is_some() {
+        rejected.clone()
+    } else {
+        Value::Null
+    };
+    RestError::new(code, err["message"].as_str().unwrap_or("refused"), details)
+}
