@@ -29,7 +29,7 @@ use cedar_policy::{
 };
 use input::CType;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::str::FromStr;
 
@@ -39,6 +39,13 @@ pub const DEFAULT_POLICY_NAME: &str = "default.cedar (built in)";
 pub const QUORUM_MAX: u32 = 16;
 /// Most policies in one set (a bound on decision cost).
 pub const POLICIES_MAX: usize = 10_000;
+/// (principal id, kind, operator, device, binding).
+type EntityKey = (String, u8, bool, usize, usize);
+/// The principal's uid and the request's entities.
+type CachedEntities = (EntityUid, std::sync::Arc<Entities>);
+
+/// Most (principal, binding) entity sets kept for reuse.
+const ENTITY_CACHE_MAX: usize = 4096;
 
 /// The default policy's source text.
 pub fn default_source() -> &'static str {
@@ -198,6 +205,8 @@ struct Meta {
 
 #[derive(Debug, Clone)]
 struct BindingEnt {
+    device_ix: usize,
+    binding_ix: usize,
     uid: EntityUid,
     device: Entity,
     binding: Entity,
@@ -214,8 +223,16 @@ pub struct ControlPolicy {
     set: PolicySet,
     meta: HashMap<String, Meta>,
     bindings: Vec<Vec<BindingEnt>>,
-    input_type: CType,
+    /// The input type narrowed to the fields some policy names; `None` when
+    /// no policy reads `context.input` (then no number is converted at all).
+    input_type: Option<CType>,
     actions: [EntityUid; 3],
+    /// Entities of recent (principal, binding) pairs: they depend on nothing
+    /// but the principal's kind and role and the binding's static facts.
+    entity_cache: std::sync::Mutex<HashMap<EntityKey, CachedEntities>>,
+    /// Principal type names, parsed once: parsing a name runs Cedar's parser,
+    /// which costs far more than a decision.
+    principal_types: [EntityTypeName; 3],
     authorizer: Authorizer,
 }
 
@@ -229,6 +246,7 @@ impl ControlPolicy {
         let input_type = input_type(cell);
         let schema = build_schema(&input_type)?;
         let (set, meta) = parse(name, text)?;
+        let input_fields = referenced_input_fields(&set);
         let result = Validator::new(schema).validate(&set, ValidationMode::Strict);
         let errors: Vec<String> = result.validation_errors().map(|e| format!("{e}")).collect();
         if !errors.is_empty() {
@@ -240,21 +258,25 @@ impl ControlPolicy {
         let bindings = cell
             .devices
             .iter()
-            .map(binding_entities)
+            .enumerate()
+            .map(|(i, d)| binding_entities(i, d))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             name: name.to_owned(),
             set,
             meta,
             bindings,
-            input_type: CType::Record(match input_type {
-                CType::Record(f) => f,
-                _ => BTreeMap::new(),
-            }),
+            input_type: narrow(input_type, &input_fields),
+            entity_cache: std::sync::Mutex::new(HashMap::new()),
             actions: [
                 action_uid(Action::Read)?,
                 action_uid(Action::Write)?,
                 action_uid(Action::Command)?,
+            ],
+            principal_types: [
+                type_name(PrincipalKind::Agent.type_name())?,
+                type_name(PrincipalKind::Human.type_name())?,
+                type_name(PrincipalKind::Service.type_name())?,
             ],
             authorizer: Authorizer::new(),
         })
@@ -310,15 +332,13 @@ impl ControlPolicy {
         b: &BindingEnt,
         input: &Value,
     ) -> Result<Verdict, String> {
-        let principal = principal_entity(who)?;
-        let principal_uid = principal.uid();
-        let entities =
-            Entities::from_entities([principal, b.device.clone(), b.binding.clone()], None)
-                .map_err(|e| e.to_string())?;
-        let input = input::convert(input, &self.input_type, 0)?.unwrap_or_else(|| {
-            RestrictedExpression::new_record([])
-                .unwrap_or_else(|_| RestrictedExpression::new_bool(false))
-        });
+        let (principal_uid, entities) = self.entities_for(who, b)?;
+        let input = match &self.input_type {
+            Some(t) => input::convert(input, t, 0)?,
+            None => None,
+        }
+        .map_or_else(|| RestrictedExpression::new_record([]), Ok)
+        .map_err(|e| e.to_string())?;
         let context = Context::from_pairs([
             ("input".to_owned(), input),
             (
@@ -377,6 +397,47 @@ impl ControlPolicy {
             }
             CedarDecision::Allow => self.allow_or_hold(determining),
         })
+    }
+
+    fn entities_for(
+        &self,
+        who: &Subject<'_>,
+        b: &BindingEnt,
+    ) -> Result<(EntityUid, std::sync::Arc<Entities>), String> {
+        let kind_ix: u8 = match who.kind {
+            PrincipalKind::Agent => 0,
+            PrincipalKind::Human => 1,
+            PrincipalKind::Service => 2,
+        };
+        let key = (
+            who.id.to_owned(),
+            kind_ix,
+            who.operator,
+            b.device_ix,
+            b.binding_ix,
+        );
+        if let Some(hit) = self
+            .entity_cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&key).cloned())
+        {
+            return Ok(hit);
+        }
+        let principal = principal_entity(who, &self.principal_types[usize::from(kind_ix)])?;
+        let uid = principal.uid();
+        let entities = std::sync::Arc::new(
+            Entities::from_entities([principal, b.device.clone(), b.binding.clone()], None)
+                .map_err(|e| e.to_string())?,
+        );
+        if let Ok(mut c) = self.entity_cache.lock() {
+            // Bounded: a full cache is emptied rather than grown.
+            if c.len() >= ENTITY_CACHE_MAX {
+                c.clear();
+            }
+            c.insert(key, (uid.clone(), std::sync::Arc::clone(&entities)));
+        }
+        Ok((uid, entities))
     }
 
     fn allow_or_hold(&self, permits: Vec<String>) -> Verdict {
@@ -439,6 +500,67 @@ impl ControlPolicy {
 /// None today; kept fallible for cells Cedar cannot describe.
 pub fn schema_text(cell: &CellShape) -> String {
     schema_source(&input_type(cell))
+}
+
+/// Top-level input fields the policies name (`context.input.x`,
+/// `context.input has x`, `context.input["x"]`); `None` when some policy uses
+/// `context.input` as a whole, so every field must be given. A policy can
+/// observe only the fields it names, so leaving the others out changes no
+/// decision and saves converting numbers nobody reads.
+fn referenced_input_fields(set: &PolicySet) -> Option<BTreeSet<String>> {
+    let mut fields = BTreeSet::new();
+    for p in set.policies() {
+        let text = p.to_string();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("context.input") {
+            rest = &rest[at + "context.input".len()..];
+            fields.insert(next_field(rest)?);
+        }
+    }
+    Some(fields)
+}
+
+/// The field named right after `context.input`, or `None` when it is used whole.
+fn next_field(rest: &str) -> Option<String> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let quoted = |s: &str| -> Option<String> {
+        let s = s.strip_prefix('"')?;
+        let end = s.find('"')?;
+        let name = &s[..end];
+        (!name.contains('\\')).then(|| name.to_owned())
+    };
+    if let Some(r) = rest.strip_prefix('.') {
+        let name = ident(r);
+        return (!name.is_empty()).then_some(name);
+    }
+    if let Some(r) = rest.strip_prefix('[') {
+        return quoted(r.trim_start());
+    }
+    let trimmed = rest.trim_start();
+    if let Some(r) = trimmed.strip_prefix("has") {
+        let r = r.trim_start();
+        if r.starts_with('"') {
+            return quoted(r);
+        }
+        let name = ident(r);
+        return (!name.is_empty()).then_some(name);
+    }
+    None
+}
+
+fn narrow(t: CType, fields: &Option<BTreeSet<String>>) -> Option<CType> {
+    match (t, fields) {
+        (t, None) => Some(t),
+        (_, Some(f)) if f.is_empty() => None,
+        (CType::Record(all), Some(f)) => Some(CType::Record(
+            all.into_iter().filter(|(k, _)| f.contains(k)).collect(),
+        )),
+        (t, Some(_)) => Some(t),
+    }
 }
 
 fn input_type(cell: &CellShape) -> CType {
@@ -509,7 +631,7 @@ fn parse(name: &str, text: &str) -> Result<(PolicySet, HashMap<String, Meta>), P
         if !seen.insert(id.clone()) {
             return Err(annotation("the @id is used twice".into()));
         }
-        let m = policy_meta(&p).map_err(annotation)?;
+        let m = policy_meta(p).map_err(annotation)?;
         meta.insert(id.clone(), m);
         policies.push(p.new_id(PolicyId::new(id.as_str())));
     }
@@ -593,7 +715,11 @@ fn flags_record(f: Flags) -> Result<RestrictedExpression, String> {
     .map_err(|e| e.to_string())
 }
 
-fn principal_entity(who: &Subject<'_>) -> Result<Entity, String> {
+fn type_name(name: &str) -> Result<EntityTypeName, PolicyError> {
+    EntityTypeName::from_str(name).map_err(|e| PolicyError::Schema(e.to_string()))
+}
+
+fn principal_entity(who: &Subject<'_>, kind: &EntityTypeName) -> Result<Entity, String> {
     let roles = if who.operator {
         vec![RestrictedExpression::new_string("operator".into())]
     } else {
@@ -606,11 +732,11 @@ fn principal_entity(who: &Subject<'_>) -> Result<Entity, String> {
             RestrictedExpression::new_bool(who.operator),
         ),
     ]);
-    Entity::new(uid(who.kind.type_name(), who.id)?, attrs, HashSet::new())
-        .map_err(|e| e.to_string())
+    let uid = EntityUid::from_type_name_and_id(kind.clone(), EntityId::new(who.id));
+    Entity::new(uid, attrs, HashSet::new()).map_err(|e| e.to_string())
 }
 
-fn binding_entities(d: &DeviceShape) -> Result<Vec<BindingEnt>, PolicyError> {
+fn binding_entities(device_ix: usize, d: &DeviceShape) -> Result<Vec<BindingEnt>, PolicyError> {
     let schema_err = PolicyError::Schema;
     let device_uid = uid("Tether::Device", &d.device_id).map_err(schema_err)?;
     let device = Entity::new(
@@ -630,7 +756,8 @@ fn binding_entities(d: &DeviceShape) -> Result<Vec<BindingEnt>, PolicyError> {
     .map_err(|e| PolicyError::Schema(e.to_string()))?;
     d.bindings
         .iter()
-        .map(|b| {
+        .enumerate()
+        .map(|(binding_ix, b)| {
             let id = format!("{}/{}/{}", d.device_id, b.capability, b.resource);
             let buid = uid("Tether::Binding", &id).map_err(PolicyError::Schema)?;
             let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
@@ -660,6 +787,8 @@ fn binding_entities(d: &DeviceShape) -> Result<Vec<BindingEnt>, PolicyError> {
             let binding = Entity::new(buid.clone(), attrs, HashSet::from([device_uid.clone()]))
                 .map_err(|e| PolicyError::Schema(e.to_string()))?;
             Ok(BindingEnt {
+                device_ix,
+                binding_ix,
                 uid: buid,
                 device: device.clone(),
                 binding,
