@@ -511,6 +511,12 @@ fn referenced_input_fields(set: &PolicySet) -> Option<BTreeSet<String>> {
     let mut fields = BTreeSet::new();
     for p in set.policies() {
         let text = p.to_string();
+        // Every mention of the word `input` must be a `context.input<field>`
+        // form this scan understands; anything else (`context["input"]`,
+        // `context has input`, spacing it does not expect) means all fields.
+        if word_count(&text, "input") != text.matches("context.input").count() {
+            return None;
+        }
         let mut rest = text.as_str();
         while let Some(at) = rest.find("context.input") {
             rest = &rest[at + "context.input".len()..];
@@ -518,6 +524,18 @@ fn referenced_input_fields(set: &PolicySet) -> Option<BTreeSet<String>> {
         }
     }
     Some(fields)
+}
+
+/// How often `word` appears as a whole identifier (not inside another one).
+fn word_count(text: &str, word: &str) -> usize {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word)
+        .filter(|(at, _)| {
+            let before = text[..*at].chars().next_back();
+            let after = text[at + word.len()..].chars().next();
+            !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+        })
+        .count()
 }
 
 /// The field named right after `context.input`, or `None` when it is used whole.
@@ -550,6 +568,35 @@ fn next_field(rest: &str) -> Option<String> {
         return (!name.is_empty()).then_some(name);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(text: &str) -> Option<BTreeSet<String>> {
+        referenced_input_fields(&PolicySet::from_str(text).expect("parses"))
+    }
+
+    #[test]
+    fn only_named_input_fields_are_converted_and_anything_unusual_means_all() {
+        let named = fields(
+            r#"permit(principal, action, resource) when { context.input has speed && context.input.speed.greaterThan(decimal("1.0")) && context.input has "odd-name" && context.input["odd-name"] == "x" };"#,
+        )
+        .expect("named");
+        assert_eq!(named.into_iter().collect::<Vec<_>>(), ["odd-name", "speed"]);
+        assert_eq!(
+            fields("permit(principal, action, resource);"),
+            Some(BTreeSet::new())
+        );
+        for whole in [
+            r#"permit(principal, action, resource) when { context["input"]["speed"] == 1 };"#,
+            r#"permit(principal, action, resource) when { context has input };"#,
+            r#"permit(principal, action, resource) when { context.input == {} };"#,
+        ] {
+            assert_eq!(fields(whole), None, "{whole}");
+        }
+    }
 }
 
 fn narrow(t: CType, fields: &Option<BTreeSet<String>>) -> Option<CType> {
