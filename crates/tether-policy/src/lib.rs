@@ -570,35 +570,6 @@ fn next_field(rest: &str) -> Option<String> {
     None
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fields(text: &str) -> Option<BTreeSet<String>> {
-        referenced_input_fields(&PolicySet::from_str(text).expect("parses"))
-    }
-
-    #[test]
-    fn only_named_input_fields_are_converted_and_anything_unusual_means_all() {
-        let named = fields(
-            r#"permit(principal, action, resource) when { context.input has speed && context.input.speed.greaterThan(decimal("1.0")) && context.input has "odd-name" && context.input["odd-name"] == "x" };"#,
-        )
-        .expect("named");
-        assert_eq!(named.into_iter().collect::<Vec<_>>(), ["odd-name", "speed"]);
-        assert_eq!(
-            fields("permit(principal, action, resource);"),
-            Some(BTreeSet::new())
-        );
-        for whole in [
-            r#"permit(principal, action, resource) when { context["input"]["speed"] == 1 };"#,
-            r#"permit(principal, action, resource) when { context has input };"#,
-            r#"permit(principal, action, resource) when { context.input == {} };"#,
-        ] {
-            assert_eq!(fields(whole), None, "{whole}");
-        }
-    }
-}
-
 fn narrow(t: CType, fields: &Option<BTreeSet<String>>) -> Option<CType> {
     match (t, fields) {
         (t, None) => Some(t),
@@ -846,4 +817,33 @@ fn binding_entities(device_ix: usize, d: &DeviceShape) -> Result<Vec<BindingEnt>
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(text: &str) -> Option<BTreeSet<String>> {
+        referenced_input_fields(&PolicySet::from_str(text).expect("parses"))
+    }
+
+    #[test]
+    fn only_named_input_fields_are_converted_and_anything_unusual_means_all() {
+        let named = fields(
+            r#"permit(principal, action, resource) when { context.input has speed && context.input.speed.greaterThan(decimal("1.0")) && context.input has "odd-name" && context.input["odd-name"] == "x" };"#,
+        )
+        .expect("named");
+        assert_eq!(named.into_iter().collect::<Vec<_>>(), ["odd-name", "speed"]);
+        assert_eq!(
+            fields("permit(principal, action, resource);"),
+            Some(BTreeSet::new())
+        );
+        for whole in [
+            r#"permit(principal, action, resource) when { context["input"]["speed"] == 1 };"#,
+            r#"permit(principal, action, resource) when { context has input };"#,
+            r#"permit(principal, action, resource) when { context.input == {} };"#,
+        ] {
+            assert_eq!(fields(whole), None, "{whole}");
+        }
+    }
 }
