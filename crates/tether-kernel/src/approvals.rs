@@ -503,6 +503,7 @@ impl Kernel {
                 "decision must be \"approve\" or \"deny\"",
             ));
         }
+        let reason: String = reason.chars().take(REASON_CHARS_MAX).collect();
         let (record, event) = {
             let mut t = self.inner.approvals.lock().map_err(|_| {
                 ApiError::new(
@@ -518,7 +519,7 @@ impl Kernel {
             a.votes.push(Vote {
                 by: p.id.clone(),
                 decision: decision.to_owned(),
-                reason: reason.chars().take(REASON_CHARS_MAX).collect(),
+                reason: reason.clone(),
                 at_ms: now,
             });
             if decision == "deny" {
@@ -527,7 +528,7 @@ impl Kernel {
                 a.status = Status::Approved;
             }
             let outcome = (a.status != before).then(|| a.status.as_str());
-            let event = json!({"approval_id": id, "by": p.to_json(), "decision": decision, "reason": reason.chars().take(REASON_CHARS_MAX).collect::<String>(), "approvals": a.approvals(), "quorum": a.quorum, "outcome": outcome});
+            let event = json!({"approval_id": id, "by": p.to_json(), "decision": decision, "reason": reason, "approvals": a.approvals(), "quorum": a.quorum, "outcome": outcome});
             (a.stored(), event)
         };
         let commit = Commit {
@@ -543,7 +544,7 @@ impl Kernel {
         };
         if let Err(e) = self.commit(commit).await {
             // Undo the vote: what was not recorded did not happen.
-            self.undo_vote(id, &p.id, &record);
+            self.undo_vote(id, &p.id);
             return Err(ApiError::new(
                 Code::EvidenceUnavailable,
                 "the vote could not be made durable and was not counted",
@@ -555,7 +556,7 @@ impl Kernel {
             .or_else(|_| Ok(json!({"approval_id": id, "status": record["status"], "at_ms": now})))
     }
 
-    fn undo_vote(&self, id: &str, voter: &str, _record: &Value) {
+    fn undo_vote(&self, id: &str, voter: &str) {
         if let Ok(mut t) = self.inner.approvals.lock() {
             if let Some(a) = t.by_id.get_mut(id) {
                 a.votes.retain(|v| v.by != voter);
