@@ -93,7 +93,7 @@ pub struct Receipt {
     pub state_revision_before: Option<u64>,
     /// Revision after the command.
     pub state_revision_after: Option<u64>,
-    /// The policy decision (`allow` until the policy layer lands, or absent when refused before it).
+    /// The policy decision: `allow` for a dispatched command, `hold` or `deny` for a refusal at step 10, absent when refused before it.
     pub decision: Option<&'static str>,
     /// Device mode.
     pub mode: &'static str,
