@@ -1,4 +1,6 @@
-//! Policy decision cost: the default policy and a 50-rule policy.
+//! Policy decision cost: the default policy, a 50-rule policy, a rule that
+//! makes Cedar run at request time, and a worst case where all 50 rules apply
+//! to the request and read its input.
 //!
 //! `cargo bench -p tether-policy --bench decide`; the p50/p99 figures it
 //! prints go into docs/PERFORMANCE.md.
@@ -49,6 +51,18 @@ fn fifty_rules() -> String {
     s
 }
 
+/// 44 rules that all apply to the measured request (an agent's command on
+/// arm-1) and read its input: nothing can be sliced away, every rule runs.
+fn fifty_rules_in_scope() -> String {
+    let mut s = String::from(tether_policy::default_source());
+    for i in 0..44 {
+        s.push_str(&format!(
+            "@id(\"arm-rule-{i}\") forbid(principal is Tether::Agent, action == Tether::Action::\"command\", resource in Tether::Device::\"arm-1\") when {{ context.input has speed && context.input.speed.greaterThan(decimal(\"{i}.5\")) }};\n"
+        ));
+    }
+    s
+}
+
 fn percentiles(p: &ControlPolicy, label: &str) {
     let agent = Subject {
         id: "agent-1",
@@ -76,8 +90,20 @@ fn bench(c: &mut Criterion) {
     let default = ControlPolicy::default_for(&cell()).expect("default");
     let big = ControlPolicy::load("fifty.cedar", &fifty_rules(), &cell()).expect("fifty");
     assert_eq!(big.policy_ids().len(), 50);
+    let dense = ControlPolicy::load("fifty-dense.cedar", &fifty_rules_in_scope(), &cell())
+        .expect("fifty dense");
+    let named = format!(
+        "{}@id(\"no-agent-7\") forbid(principal == Tether::Agent::\"agent-7\", action, resource);\n",
+        tether_policy::default_source()
+    );
+    let named = ControlPolicy::load("named.cedar", &named, &cell()).expect("named");
     percentiles(&default, "default policy (6 rules)");
-    percentiles(&big, "50-rule policy");
+    percentiles(
+        &named,
+        "default + a rule naming one agent (Cedar runs, no input read)",
+    );
+    percentiles(&big, "50-rule policy (44 rules name other devices)");
+    percentiles(&dense, "50-rule policy (all 44 extra rules apply)");
     let agent = Subject {
         id: "agent-1",
         kind: PrincipalKind::Agent,
@@ -89,6 +115,9 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("decide/fifty", |b| {
         b.iter(|| big.decide(&agent, Action::Command, 1, 0, &input))
+    });
+    c.bench_function("decide/fifty_in_scope", |b| {
+        b.iter(|| dense.decide(&agent, Action::Command, 1, 0, &input))
     });
 }
 

@@ -19,6 +19,10 @@
 
 mod input;
 pub mod shape;
+mod slice;
+
+#[cfg(test)]
+mod differential;
 
 pub use shape::{BindingShape, CellShape, DeviceShape, Flags};
 
@@ -32,6 +36,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Name shown for the built-in policy.
 pub const DEFAULT_POLICY_NAME: &str = "default.cedar (built in)";
@@ -46,6 +51,14 @@ type CachedEntities = (EntityUid, std::sync::Arc<Entities>);
 
 /// Most (principal, binding) entity sets kept for reuse.
 const ENTITY_CACHE_MAX: usize = 4096;
+
+/// Most (request shape × policy) judgements made while slicing at load; a
+/// larger cell and policy together skip slicing and evaluate the whole set
+/// (slower decisions, same answers), so loading stays bounded.
+const SLICE_WORK_MAX: usize = 4_000_000;
+
+/// Request shapes per binding: three principal kinds × three actions.
+const SHAPES_PER_BINDING: usize = 9;
 
 /// The default policy's source text.
 pub fn default_source() -> &'static str {
@@ -208,8 +221,15 @@ struct BindingEnt {
     device_ix: usize,
     binding_ix: usize,
     uid: EntityUid,
+    device_uid: EntityUid,
+    device_id: String,
+    capability: String,
+    verb: String,
+    resource: String,
     device: Entity,
     binding: Entity,
+    /// The context of a request whose input no policy reads.
+    context_without_input: Context,
     mode: String,
     risk: String,
     device_risk: String,
@@ -220,12 +240,11 @@ struct BindingEnt {
 #[derive(Debug)]
 pub struct ControlPolicy {
     name: String,
-    set: PolicySet,
     meta: HashMap<String, Meta>,
     bindings: Vec<Vec<BindingEnt>>,
-    /// The input type narrowed to the fields some policy names; `None` when
-    /// no policy reads `context.input` (then no number is converted at all).
-    input_type: Option<CType>,
+    /// Per binding, per (principal kind, action): the policies that may apply
+    /// (see `slice`). Identical slices are shared.
+    slices: Vec<Vec<[Arc<Slice>; SHAPES_PER_BINDING]>>,
     actions: [EntityUid; 3],
     /// Entities of recent (principal, binding) pairs: they depend on nothing
     /// but the principal's kind and role and the binding's static facts.
@@ -246,7 +265,6 @@ impl ControlPolicy {
         let input_type = input_type(cell);
         let schema = build_schema(&input_type)?;
         let (set, meta) = parse(name, text)?;
-        let input_fields = referenced_input_fields(&set);
         let result = Validator::new(schema).validate(&set, ValidationMode::Strict);
         let errors: Vec<String> = result.validation_errors().map(|e| format!("{e}")).collect();
         if !errors.is_empty() {
@@ -261,23 +279,37 @@ impl ControlPolicy {
             .enumerate()
             .map(|(i, d)| binding_entities(i, d))
             .collect::<Result<Vec<_>, _>>()?;
+        let actions = [
+            action_uid(Action::Read)?,
+            action_uid(Action::Write)?,
+            action_uid(Action::Command)?,
+        ];
+        let principal_types = [
+            type_name(PrincipalKind::Agent.type_name())?,
+            type_name(PrincipalKind::Human.type_name())?,
+            type_name(PrincipalKind::Service.type_name())?,
+        ];
+        let slices = build_slices(
+            &set,
+            &meta,
+            &bindings,
+            &input_type,
+            &principal_types,
+            &actions,
+            SLICE_WORK_MAX,
+        )
+        .map_err(|message| PolicyError::Parse {
+            name: name.to_owned(),
+            message,
+        })?;
         Ok(Self {
             name: name.to_owned(),
-            set,
             meta,
             bindings,
-            input_type: narrow(input_type, &input_fields),
+            slices,
             entity_cache: std::sync::Mutex::new(HashMap::new()),
-            actions: [
-                action_uid(Action::Read)?,
-                action_uid(Action::Write)?,
-                action_uid(Action::Command)?,
-            ],
-            principal_types: [
-                type_name(PrincipalKind::Agent.type_name())?,
-                type_name(PrincipalKind::Human.type_name())?,
-                type_name(PrincipalKind::Service.type_name())?,
-            ],
+            actions,
+            principal_types,
             authorizer: Authorizer::new(),
         })
     }
@@ -316,7 +348,29 @@ impl ControlPolicy {
         let Some(b) = self.bindings.get(device).and_then(|d| d.get(binding)) else {
             return Verdict::deny(Vec::new(), "the binding is unknown to the policy".into());
         };
-        match self.evaluate(who, action, b, input) {
+        let Some(slice) = self
+            .slices
+            .get(device)
+            .and_then(|d| d.get(binding))
+            .and_then(|shapes| shapes.get(shape_index(who.kind, action)))
+        else {
+            return Verdict::deny(Vec::new(), "no policy slice for this request".into());
+        };
+        self.decide_on(slice, who, action, b, input)
+    }
+
+    fn decide_on(
+        &self,
+        slice: &Slice,
+        who: &Subject<'_>,
+        action: Action,
+        b: &BindingEnt,
+        input: &Value,
+    ) -> Verdict {
+        if let Some(fixed) = &slice.fixed {
+            return fixed.clone();
+        }
+        match self.evaluate(slice, who, action, b, input) {
             Ok(v) => v,
             Err(why) => Verdict::deny(
                 Vec::new(),
@@ -327,35 +381,24 @@ impl ControlPolicy {
 
     fn evaluate(
         &self,
+        slice: &Slice,
         who: &Subject<'_>,
         action: Action,
         b: &BindingEnt,
         input: &Value,
     ) -> Result<Verdict, String> {
         let (principal_uid, entities) = self.entities_for(who, b)?;
-        let input = match &self.input_type {
-            Some(t) => input::convert(input, t, 0)?,
-            None => None,
-        }
-        .map_or_else(|| RestrictedExpression::new_record([]), Ok)
-        .map_err(|e| e.to_string())?;
-        let context = Context::from_pairs([
-            ("input".to_owned(), input),
-            (
-                "mode".to_owned(),
-                RestrictedExpression::new_string(b.mode.clone()),
-            ),
-            (
-                "risk_class".to_owned(),
-                RestrictedExpression::new_string(b.risk.clone()),
-            ),
-            (
-                "device_risk_class".to_owned(),
-                RestrictedExpression::new_string(b.device_risk.clone()),
-            ),
-            ("flags".to_owned(), flags_record(b.flags)?),
-        ])
-        .map_err(|e| e.to_string())?;
+        let context = match &slice.input_type {
+            // Nothing in the slice reads the input: the binding's context
+            // with an empty input, built once at load.
+            None => b.context_without_input.clone(),
+            Some(t) => {
+                let input = input::convert(input, t, 0)?
+                    .map_or_else(|| RestrictedExpression::new_record([]), Ok)
+                    .map_err(|e| e.to_string())?;
+                request_context(b, input)?
+            }
+        };
         let action_uid = match action {
             Action::Read => &self.actions[0],
             Action::Write => &self.actions[1],
@@ -371,7 +414,7 @@ impl ControlPolicy {
         .map_err(|e| e.to_string())?;
         let response = self
             .authorizer
-            .is_authorized(&request, &self.set, &entities);
+            .is_authorized(&request, &slice.set, &entities);
         let errors: Vec<String> = response
             .diagnostics()
             .errors()
@@ -386,17 +429,7 @@ impl ControlPolicy {
             .map(|id| id.to_string())
             .collect();
         determining.sort();
-        Ok(match response.decision() {
-            CedarDecision::Deny if determining.is_empty() => Verdict::deny(
-                Vec::new(),
-                "no policy permits this request (default deny)".into(),
-            ),
-            CedarDecision::Deny => {
-                let reason = self.reasons(&determining, |m| m.reason.clone(), "forbidden by");
-                Verdict::deny(determining, reason)
-            }
-            CedarDecision::Allow => self.allow_or_hold(determining),
-        })
+        Ok(verdict_from(&self.meta, response.decision(), determining))
     }
 
     fn entities_for(
@@ -439,57 +472,249 @@ impl ControlPolicy {
         }
         Ok((uid, entities))
     }
+}
 
-    fn allow_or_hold(&self, permits: Vec<String>) -> Verdict {
-        let holds: Vec<String> = permits
-            .iter()
-            .filter(|id| self.meta.get(*id).is_some_and(|m| m.hold.is_some()))
-            .cloned()
-            .collect();
-        if holds.is_empty() {
-            let reason = self.reasons(&permits, |m| m.reason.clone(), "permitted by");
-            return Verdict {
-                decision: Decision::Allow,
-                policies: permits,
-                reason,
-                quorum: 0,
-            };
+/// The verdict for Cedar's `decision` with its determining policies (sorted).
+fn verdict_from(
+    meta: &HashMap<String, Meta>,
+    decision: CedarDecision,
+    determining: Vec<String>,
+) -> Verdict {
+    match decision {
+        CedarDecision::Deny if determining.is_empty() => Verdict::deny(
+            Vec::new(),
+            "no policy permits this request (default deny)".into(),
+        ),
+        CedarDecision::Deny => {
+            let reason = reasons(meta, &determining, |m| m.reason.clone(), "forbidden by");
+            Verdict::deny(determining, reason)
         }
-        let quorum = holds
-            .iter()
-            .filter_map(|id| self.meta.get(id))
-            .map(|m| m.quorum)
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let reason = self.reasons(&holds, |m| m.hold.clone(), "held by");
-        Verdict {
-            decision: Decision::Hold,
-            policies: holds,
+        CedarDecision::Allow => allow_or_hold(meta, determining),
+    }
+}
+
+fn allow_or_hold(meta: &HashMap<String, Meta>, permits: Vec<String>) -> Verdict {
+    let holds: Vec<String> = permits
+        .iter()
+        .filter(|id| meta.get(*id).is_some_and(|m| m.hold.is_some()))
+        .cloned()
+        .collect();
+    if holds.is_empty() {
+        let reason = reasons(meta, &permits, |m| m.reason.clone(), "permitted by");
+        return Verdict {
+            decision: Decision::Allow,
+            policies: permits,
             reason,
-            quorum,
+            quorum: 0,
+        };
+    }
+    let quorum = holds
+        .iter()
+        .filter_map(|id| meta.get(id))
+        .map(|m| m.quorum)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let reason = reasons(meta, &holds, |m| m.hold.clone(), "held by");
+    Verdict {
+        decision: Decision::Hold,
+        policies: holds,
+        reason,
+        quorum,
+    }
+}
+
+fn reasons(
+    meta: &HashMap<String, Meta>,
+    ids: &[String],
+    pick: impl Fn(&Meta) -> Option<String>,
+    verb: &str,
+) -> String {
+    let mut out = String::new();
+    for id in ids {
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        match meta.get(id).and_then(&pick) {
+            Some(r) => out.push_str(&r),
+            None => {
+                let _ = write!(out, "{verb} policy `{id}`");
+            }
+        }
+    }
+    out
+}
+
+/// The policies one request shape can meet, and the input fields they read.
+#[derive(Debug)]
+struct Slice {
+    set: PolicySet,
+    /// The input type narrowed to the fields this slice's policies name;
+    /// `None` when none reads `context.input` (then nothing is converted).
+    input_type: Option<CType>,
+    /// The decision, when it is the same for every request of the shape
+    /// (every policy in the slice is certainly satisfied): Cedar's answer,
+    /// worked out once at load.
+    fixed: Option<Verdict>,
+}
+
+impl Slice {
+    fn new(set: PolicySet, input: &CType) -> Self {
+        let fields = referenced_input_fields(&set);
+        Self {
+            input_type: narrow(input.clone(), &fields),
+            set,
+            fixed: None,
         }
     }
 
-    fn reasons(
-        &self,
-        ids: &[String],
-        pick: impl Fn(&Meta) -> Option<String>,
-        verb: &str,
-    ) -> String {
-        let mut out = String::new();
-        for id in ids {
-            if !out.is_empty() {
-                out.push_str("; ");
-            }
-            match self.meta.get(id).and_then(&pick) {
-                Some(r) => out.push_str(&r),
-                None => {
-                    let _ = write!(out, "{verb} policy `{id}`");
+    /// Cedar's decision when every policy in `set` is satisfied: any forbid
+    /// denies, naming every forbid; else the permits allow or hold; an empty
+    /// set denies by default.
+    fn certain_verdict(set: &PolicySet, meta: &HashMap<String, Meta>) -> Verdict {
+        let ids = |effect: Effect| -> Vec<String> {
+            let mut v: Vec<String> = set
+                .policies()
+                .filter(|p| p.effect() == effect)
+                .map(|p| p.id().to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        let forbids = ids(Effect::Forbid);
+        if forbids.is_empty() {
+            let permits = ids(Effect::Permit);
+            let decision = if permits.is_empty() {
+                CedarDecision::Deny
+            } else {
+                CedarDecision::Allow
+            };
+            verdict_from(meta, decision, permits)
+        } else {
+            verdict_from(meta, CedarDecision::Deny, forbids)
+        }
+    }
+}
+
+/// Where a (principal kind, action) pair sits in a binding's slices.
+fn shape_index(kind: PrincipalKind, action: Action) -> usize {
+    let k = match kind {
+        PrincipalKind::Agent => 0,
+        PrincipalKind::Human => 1,
+        PrincipalKind::Service => 2,
+    };
+    let a = match action {
+        Action::Read => 0,
+        Action::Write => 1,
+        Action::Command => 2,
+    };
+    k * 3 + a
+}
+
+/// Slices every binding's request shapes (see `slice`); past
+/// `SLICE_WORK_MAX` judgements every shape gets the whole set instead.
+fn build_slices(
+    set: &PolicySet,
+    meta: &HashMap<String, Meta>,
+    bindings: &[Vec<BindingEnt>],
+    input: &CType,
+    kinds: &[EntityTypeName; 3],
+    actions: &[EntityUid; 3],
+    work_max: usize,
+) -> Result<Vec<Vec<[Arc<Slice>; SHAPES_PER_BINDING]>>, String> {
+    let policies: Vec<&Policy> = set.policies().collect();
+    let binding_count: usize = bindings.iter().map(Vec::len).sum();
+    let work = binding_count
+        .saturating_mul(SHAPES_PER_BINDING)
+        .saturating_mul(policies.len());
+    let whole = Arc::new(Slice::new(set.clone(), input));
+    let prepared: Vec<slice::Prepared> = if work <= work_max {
+        policies.iter().map(|p| slice::Prepared::new(p)).collect()
+    } else {
+        Vec::new()
+    };
+    // Shared by (kept policies, decided at load): the same policies may be
+    // certain for one shape and depend on the request for another.
+    let mut shared: HashMap<(Vec<usize>, bool), Arc<Slice>> = HashMap::new();
+    let mut out = Vec::with_capacity(bindings.len());
+    for device in bindings {
+        let mut per_device = Vec::with_capacity(device.len());
+        for b in device {
+            let mut shapes: Vec<Arc<Slice>> = Vec::with_capacity(SHAPES_PER_BINDING);
+            for kind in kinds {
+                for action in actions {
+                    if prepared.is_empty() && !policies.is_empty() {
+                        shapes.push(Arc::clone(&whole));
+                        continue;
+                    }
+                    let shape = b.shape(kind, action);
+                    let judged: Vec<(usize, slice::Tri)> = prepared
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| (i, p.judge(&shape)))
+                        .filter(|(_, t)| *t != slice::Tri::False)
+                        .collect();
+                    let certain = judged.iter().all(|(_, t)| *t == slice::Tri::True);
+                    let key = (judged.iter().map(|(i, _)| *i).collect::<Vec<_>>(), certain);
+                    if let Some(s) = shared.get(&key) {
+                        shapes.push(Arc::clone(s));
+                        continue;
+                    }
+                    let subset =
+                        PolicySet::from_policies(key.0.iter().map(|&i| policies[i].clone()))
+                            .map_err(|e| e.to_string())?;
+                    let mut s = Slice::new(subset, input);
+                    if certain {
+                        s.fixed = Some(Slice::certain_verdict(&s.set, meta));
+                    }
+                    let s = Arc::new(s);
+                    shared.insert(key, Arc::clone(&s));
+                    shapes.push(s);
                 }
             }
+            let shapes: [Arc<Slice>; SHAPES_PER_BINDING] = shapes
+                .try_into()
+                .map_err(|_| "a binding has the wrong number of request shapes".to_owned())?;
+            per_device.push(shapes);
         }
-        out
+        out.push(per_device);
+    }
+    Ok(out)
+}
+
+impl BindingEnt {
+    /// The fixed facts of a request on this binding by `kind` doing `action`.
+    fn shape<'a>(&'a self, kind: &'a EntityTypeName, action: &'a EntityUid) -> slice::Shape<'a> {
+        use slice::Known;
+        let text = |v: &str| Known::Str(v.to_owned());
+        slice::Shape {
+            principal_type: kind,
+            action,
+            binding: &self.uid,
+            device: &self.device_uid,
+            resource_attrs: vec![
+                ("device", text(&self.device_id)),
+                ("capability", text(&self.capability)),
+                ("verb", text(&self.verb)),
+                ("risk", text(&self.risk)),
+                ("resource", text(&self.resource)),
+                ("stop_class", Known::Bool(self.flags.stop_class)),
+                ("risk_reducing", Known::Bool(self.flags.risk_reducing)),
+                ("safe_place", Known::Bool(self.flags.safe_place)),
+                ("two_person", Known::Bool(self.flags.two_person)),
+            ],
+            context_attrs: vec![
+                ("mode", text(&self.mode)),
+                ("risk_class", text(&self.risk)),
+                ("device_risk_class", text(&self.device_risk)),
+            ],
+            flags: vec![
+                ("stop_class", self.flags.stop_class),
+                ("risk_reducing", self.flags.risk_reducing),
+                ("safe_place", self.flags.safe_place),
+                ("two_person", self.flags.two_person),
+            ],
+        }
     }
 }
 
@@ -711,6 +936,27 @@ fn action_uid(a: Action) -> Result<EntityUid, PolicyError> {
     uid("Tether::Action", a.as_str()).map_err(PolicyError::Schema)
 }
 
+/// The request context: the input and the binding's fixed facts.
+fn request_context(b: &BindingEnt, input: RestrictedExpression) -> Result<Context, String> {
+    Context::from_pairs([
+        ("input".to_owned(), input),
+        (
+            "mode".to_owned(),
+            RestrictedExpression::new_string(b.mode.clone()),
+        ),
+        (
+            "risk_class".to_owned(),
+            RestrictedExpression::new_string(b.risk.clone()),
+        ),
+        (
+            "device_risk_class".to_owned(),
+            RestrictedExpression::new_string(b.device_risk.clone()),
+        ),
+        ("flags".to_owned(), flags_record(b.flags)?),
+    ])
+    .map_err(|e| e.to_string())
+}
+
 fn flags_record(f: Flags) -> Result<RestrictedExpression, String> {
     RestrictedExpression::new_record([
         (
@@ -804,17 +1050,30 @@ fn binding_entities(device_ix: usize, d: &DeviceShape) -> Result<Vec<BindingEnt>
             ]);
             let binding = Entity::new(buid.clone(), attrs, HashSet::from([device_uid.clone()]))
                 .map_err(|e| PolicyError::Schema(e.to_string()))?;
-            Ok(BindingEnt {
+            let mut ent = BindingEnt {
                 device_ix,
                 binding_ix,
                 uid: buid,
+                device_uid: device_uid.clone(),
+                device_id: d.device_id.clone(),
+                capability: b.capability.clone(),
+                verb: b.verb.clone(),
+                resource: b.resource.clone(),
                 device: device.clone(),
                 binding,
+                context_without_input: Context::empty(),
                 mode: d.mode.clone(),
                 risk: b.risk.clone(),
                 device_risk: d.risk_class.clone(),
                 flags: b.flags,
-            })
+            };
+            ent.context_without_input = request_context(
+                &ent,
+                RestrictedExpression::new_record([])
+                    .map_err(|e| PolicyError::Schema(e.to_string()))?,
+            )
+            .map_err(PolicyError::Schema)?;
+            Ok(ent)
         })
         .collect()
 }
