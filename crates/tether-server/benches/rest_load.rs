@@ -5,7 +5,8 @@
 //! durable; each client then polls nothing, it just invokes again. The figure
 //! counts invocations accepted per second, and separately invocations whose
 //! receipt was recorded (the gateway's `/result` turning terminal), measured
-//! by draining at the end.
+//! by draining at the end. Meanwhile e-stops go through the REST `estop` tool
+//! on their own connection and their answer latency is timed.
 //!
 //! Run: `cargo bench -p tether-server --bench rest_load [-- CLIENTS SECONDS]`.
 
@@ -124,7 +125,24 @@ fn main() {
         let start_count = accepted.load(Ordering::Relaxed);
         let stats0 = store.stats();
         let t0 = Instant::now();
-        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        // E-stops under that load, through the REST `estop` tool on its own
+        // connection: the answer comes once the latch is durable and the stop
+        // path ran. Each is reset over JSON-RPC (reset is an operator route,
+        // never a tool) before the next.
+        let mut estop_ms = Vec::new();
+        let mut sc = Client::connect(addr).await;
+        let rounds = (seconds * 4).max(8);
+        for _ in 0..rounds {
+            tokio::time::sleep(Duration::from_millis(seconds * 1000 / rounds)).await;
+            let body = json!({"input": {"device_id": "relay-1", "reason": "bench"}}).to_string();
+            let t = Instant::now();
+            let (status, r) = sc.request("POST", "/tools/estop:invoke", &body).await;
+            estop_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(status, 200, "{r}");
+            let reset = json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.safety.reset", "params": {"device_id": "relay-1"}}).to_string();
+            let (status, r) = sc.request("POST", "/rpc", &reset).await;
+            assert!(status == 200 && r.get("error").is_none(), "{r}");
+        }
         let total = accepted.load(Ordering::Relaxed) - start_count;
         let elapsed = t0.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
@@ -148,6 +166,9 @@ fn main() {
         let stats1 = store.stats();
         println!("FIGURE rest_invoke_load clients={clients} seconds={elapsed:.1} invocations={total} invocations_per_s={:.0}", total as f64 / elapsed);
         println!("FIGURE rest_drain_ms {:.1}", drain.elapsed().as_secs_f64() * 1000.0);
+        estop_ms.sort_by(f64::total_cmp);
+        let q = |x: f64| estop_ms[((estop_ms.len() - 1) as f64 * x).round() as usize];
+        println!("FIGURE rest_estop_answer_ms_under_load n={} p50={:.2} p99={:.2} max={:.2}", estop_ms.len(), q(0.5), q(0.99), q(1.0));
         println!("FIGURE rest_store stats_before={stats0:?} stats_after={stats1:?}");
     });
 }
