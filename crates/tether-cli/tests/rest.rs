@@ -244,6 +244,54 @@ fn every_route_answers_the_envelope() {
 }
 
 #[test]
+fn the_same_command_id_replays_its_receipt_and_other_input_is_a_conflict() {
+    let s = Server::http();
+    let body = |t: f64| json!({"input": {"target_temperature": t}, "command_id": "rest-replay-1"});
+    let first = ok(invoke(&s, "thermostat-1__setpoint", body(30.0)), 202);
+    let first = wait_result(&s, first["invocation_id"].as_str().expect("id"), TIMEOUT);
+    assert_eq!(first["status"], "completed", "{first}");
+    let revision = ok(get(&s, "/tools/thermostat-1__setpoint/context"), 200)["context"]["state"]
+        ["revision"]
+        .clone();
+
+    // Same command_id, same input: a new invocation whose result is the
+    // original receipt; nothing runs again.
+    let again = ok(invoke(&s, "thermostat-1__setpoint", body(30.0)), 202);
+    assert_ne!(again["invocation_id"], first["invocation_id"]);
+    let again = wait_result(&s, again["invocation_id"].as_str().expect("id"), TIMEOUT);
+    assert_eq!(again["status"], "completed", "{again}");
+    assert_eq!(
+        again["receipt"]["receipt_id"], first["receipt"]["receipt_id"],
+        "{again}"
+    );
+
+    // Same command_id, other input: refused, nothing dispatched.
+    let other = invoke(&s, "thermostat-1__setpoint", body(31.0));
+    let receipt = match other {
+        (202, v) => wait_result(
+            &s,
+            v["data"]["invocation_id"].as_str().expect("id"),
+            TIMEOUT,
+        )["receipt"]
+            .clone(),
+        (_, v) => v["error"]["details"]["receipt"].clone(),
+    };
+    assert_eq!(receipt["status"], "rejected", "{receipt}");
+    assert_eq!(
+        receipt["error"]["mhs_code"], "MHS.CONFLICT.COMMAND_ID_REUSE",
+        "{receipt}"
+    );
+    assert_eq!(
+        receipt["error"]["details"]["reason"], "input_differs",
+        "{receipt}"
+    );
+    let after = ok(get(&s, "/tools/thermostat-1__setpoint/context"), 200)["context"]["state"]
+        ["revision"]
+        .clone();
+    assert_eq!(after, revision, "a refused reuse changes nothing");
+}
+
+#[test]
 fn a_long_motion_is_polled_to_completion() {
     let s = Server::http();
     let t0 = Instant::now();
