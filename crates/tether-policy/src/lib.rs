@@ -627,12 +627,13 @@ fn build_slices(
     let work = binding_count
         .saturating_mul(SHAPES_PER_BINDING)
         .saturating_mul(policies.len());
-    let whole = Arc::new(Slice::new(set.clone(), input));
-    let prepared: Vec<slice::Prepared> = if work <= work_max {
+    let slicing = work <= work_max;
+    let prepared: Vec<slice::Prepared> = if slicing {
         policies.iter().map(|p| slice::Prepared::new(p)).collect()
     } else {
         Vec::new()
     };
+    let whole = (!slicing).then(|| Arc::new(Slice::new(set.clone(), input)));
     // Shared by (kept policies, decided at load): the same policies may be
     // certain for one shape and depend on the request for another.
     let mut shared: HashMap<(Vec<usize>, bool), Arc<Slice>> = HashMap::new();
@@ -643,8 +644,8 @@ fn build_slices(
             let mut shapes: Vec<Arc<Slice>> = Vec::with_capacity(SHAPES_PER_BINDING);
             for kind in kinds {
                 for action in actions {
-                    if prepared.is_empty() && !policies.is_empty() {
-                        shapes.push(Arc::clone(&whole));
+                    if let Some(whole) = &whole {
+                        shapes.push(Arc::clone(whole));
                         continue;
                     }
                     let shape = b.shape(kind, action);

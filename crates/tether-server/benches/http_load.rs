@@ -6,62 +6,16 @@
 //!
 //! Run: `cargo bench -p tether-server --bench http_load [-- CLIENTS SECONDS]`.
 
-use serde_json::{json, Value};
+mod support;
+
+use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{Kernel, KernelConfig};
-use tether_store::SqliteStore;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use support::Client;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// A keep-alive HTTP/1.1 JSON-RPC client.
-struct Client {
-    conn: BufReader<TcpStream>,
-    next_id: u64,
-}
-
-impl Client {
-    async fn connect(addr: std::net::SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).await.expect("connect");
-        s.set_nodelay(true).expect("nodelay");
-        Client {
-            conn: BufReader::new(s),
-            next_id: 0,
-        }
-    }
-
-    async fn call(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let body =
-            json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-                .to_string();
-        let head = format!("POST /rpc HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
-        let w = self.conn.get_mut();
-        w.write_all(head.as_bytes()).await.expect("write");
-        w.write_all(body.as_bytes()).await.expect("write");
-        let mut len = 0usize;
-        let mut line = String::new();
-        // Headers: bounded by the server's few lines.
-        for _ in 0..64 {
-            line.clear();
-            self.conn.read_line(&mut line).await.expect("read");
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().expect("length");
-            }
-        }
-        let mut buf = vec![0u8; len];
-        self.conn.read_exact(&mut buf).await.expect("body");
-        serde_json::from_slice(&buf).expect("json")
-    }
-}
 
 fn pct(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -69,28 +23,10 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 }
 
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let clients = args.first().copied().unwrap_or(64);
-    let seconds = args.get(1).copied().unwrap_or(8);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
-    let kernel =
-        Kernel::new(KernelConfig::standard("http-load"), cell, drivers, store).expect("kernel");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(tether_server::http::serve(kernel, tether_server::auth::Authenticator::open(), listener, std::future::pending()));
+    let (clients, seconds) = support::args();
+    let (_dir, _store, kernel) = support::durable_kernel("http-load");
+    support::runtime().block_on(async move {
+        let addr = support::serve(kernel).await;
         let mut c = Client::connect(addr).await;
         let sid = c.call("mhs.session.open", json!({})).await["result"]["session_id"].as_str().expect("sid").to_owned();
         let stop = Arc::new(AtomicBool::new(false));

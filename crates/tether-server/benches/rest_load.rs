@@ -10,93 +10,22 @@
 //!
 //! Run: `cargo bench -p tether-server --bench rest_load [-- CLIENTS SECONDS]`.
 
-use serde_json::{json, Value};
+mod support;
+
+use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{Kernel, KernelConfig};
-use tether_store::SqliteStore;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use support::Client;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// A keep-alive HTTP/1.1 client.
-struct Client {
-    conn: BufReader<TcpStream>,
-}
-
-impl Client {
-    async fn connect(addr: std::net::SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).await.expect("connect");
-        s.set_nodelay(true).expect("nodelay");
-        Client {
-            conn: BufReader::new(s),
-        }
-    }
-
-    async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
-        let head = format!("{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
-        let w = self.conn.get_mut();
-        w.write_all(head.as_bytes()).await.expect("write");
-        w.write_all(body.as_bytes()).await.expect("write");
-        let mut len = 0usize;
-        let mut status = 0u16;
-        let mut line = String::new();
-        // Headers: bounded by the server's few lines.
-        for i in 0..64 {
-            line.clear();
-            self.conn.read_line(&mut line).await.expect("read");
-            let l = line.trim_end();
-            if i == 0 {
-                status = l
-                    .split(' ')
-                    .nth(1)
-                    .and_then(|s| s.parse().ok())
-                    .expect("status");
-            }
-            if l.is_empty() {
-                break;
-            }
-            if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().expect("length");
-            }
-        }
-        let mut buf = vec![0u8; len];
-        self.conn.read_exact(&mut buf).await.expect("body");
-        (status, serde_json::from_slice(&buf).expect("json"))
-    }
-}
-
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let clients = args.first().copied().unwrap_or(64);
-    let seconds = args.get(1).copied().unwrap_or(8);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
-    let kernel = Kernel::new(
-        KernelConfig::standard("rest-load"),
-        cell,
-        drivers,
-        store.clone(),
-    )
-    .expect("kernel");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(tether_server::http::serve(kernel, tether_server::auth::Authenticator::open(), listener, std::future::pending()));
+    let (clients, seconds) = support::args();
+    let (_dir, store, kernel) = support::durable_kernel("rest-load");
+    support::runtime().block_on(async move {
+        let addr = support::serve(kernel).await;
         let stop = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicU64::new(0));
         let last_ids = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -139,9 +68,8 @@ fn main() {
             let (status, r) = sc.request("POST", "/tools/estop:invoke", &body).await;
             estop_ms.push(t.elapsed().as_secs_f64() * 1000.0);
             assert_eq!(status, 200, "{r}");
-            let reset = json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.safety.reset", "params": {"device_id": "relay-1"}}).to_string();
-            let (status, r) = sc.request("POST", "/rpc", &reset).await;
-            assert!(status == 200 && r.get("error").is_none(), "{r}");
+            let r = sc.call("mhs.safety.reset", json!({"device_id": "relay-1"})).await;
+            assert!(r.get("error").is_none(), "{r}");
         }
         let total = accepted.load(Ordering::Relaxed) - start_count;
         let elapsed = t0.elapsed().as_secs_f64();

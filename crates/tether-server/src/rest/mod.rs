@@ -132,9 +132,7 @@ async fn get_tool(
 ) -> Response {
     respond(
         async {
-            principal(&s, &headers)?;
-            let tool = segment(path)?;
-            no_body(body).await?;
+            let (_, tool) = bodiless(&s, &headers, path, body).await?;
             Ok((StatusCode::OK, s.gw.tool(&tool)?.to_json()))
         }
         .await,
@@ -149,9 +147,7 @@ async fn context(
 ) -> Response {
     respond(
         async {
-            let p = principal(&s, &headers)?;
-            let tool = segment(path)?;
-            no_body(body).await?;
+            let (p, tool) = bodiless(&s, &headers, path, body).await?;
             let tool = s.gw.tool(&tool)?;
             Ok((StatusCode::OK, s.gw.context(&p, tool).await?))
         }
@@ -165,6 +161,20 @@ fn path_error(e: PathRejection) -> RestError {
         "the path cannot be read",
         json!({"reason": "path_invalid", "message": e.body_text()}),
     )
+}
+
+/// A route that takes a path segment and no body: the caller, checked first,
+/// then the segment, then that the body is empty.
+async fn bodiless(
+    s: &RestState,
+    headers: &HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<(Principal, String), RestError> {
+    let p = principal(s, headers)?;
+    let segment = segment(path)?;
+    no_body(body).await?;
+    Ok((p, segment))
 }
 
 fn segment(path: Result<Path<String>, PathRejection>) -> Result<String, RestError> {
@@ -234,9 +244,7 @@ async fn get_invocation(
 ) -> Response {
     respond(
         async {
-            let p = principal(&s, &headers)?;
-            let id = segment(path)?;
-            no_body(body).await?;
+            let (p, id) = bodiless(&s, &headers, path, body).await?;
             Ok((StatusCode::OK, view(&s.gw.lookup(&p, &id)?)))
         }
         .await,
@@ -251,9 +259,7 @@ async fn result(
 ) -> Response {
     respond(
         async {
-            let p = principal(&s, &headers)?;
-            let id = segment(path)?;
-            no_body(body).await?;
+            let (p, id) = bodiless(&s, &headers, path, body).await?;
             let v = view(&s.gw.lookup(&p, &id)?);
             if v["terminal"] == json!(true) {
                 let out = json!({"invocation_id": v["invocation_id"], "attempt_id": v["attempt_id"], "status": v["status"], "terminal": true, "receipt": v["receipt"], "error": v["error"]});

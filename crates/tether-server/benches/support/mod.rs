@@ -1,0 +1,120 @@
+//! What the HTTP load benches share: arguments, a kernel on the built-in cell
+//! with a durable SQLite store, the real server on loopback, and a minimal
+//! keep-alive HTTP/1.1 client (no client library, so the client's own cost
+//! stays small and visible).
+
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tether_kernel::{Kernel, KernelConfig};
+use tether_store::SqliteStore;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// `[CLIENTS [SECONDS]]` from the command line; 64 clients, 8 s by default.
+pub fn args() -> (u64, u64) {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    (
+        args.first().copied().unwrap_or(64),
+        args.get(1).copied().unwrap_or(8),
+    )
+}
+
+/// A kernel on the built-in simulated cell whose evidence is durable in a
+/// fresh state dir (kept alive by the returned `TempDir`).
+pub fn durable_kernel(name: &str) -> (tempfile::TempDir, Arc<SqliteStore>, Kernel) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
+    let kernel =
+        Kernel::new(KernelConfig::standard(name), cell, drivers, store.clone()).expect("kernel");
+    (dir, store, kernel)
+}
+
+/// Two runtime workers, shared by the server and the clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt")
+}
+
+/// Serves `kernel` over HTTP (no principals) on a loopback port.
+pub async fn serve(kernel: Kernel) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(tether_server::http::serve(
+        kernel,
+        tether_server::auth::Authenticator::open(),
+        listener,
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// A keep-alive HTTP/1.1 client.
+pub struct Client {
+    conn: BufReader<TcpStream>,
+    next_id: u64,
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).await.expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Client {
+            conn: BufReader::new(s),
+            next_id: 0,
+        }
+    }
+
+    /// One request; the answer's status and JSON body.
+    pub async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let head = format!("{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+        let w = self.conn.get_mut();
+        w.write_all(head.as_bytes()).await.expect("write");
+        w.write_all(body.as_bytes()).await.expect("write");
+        let mut len = 0usize;
+        let mut status = 0u16;
+        let mut line = String::new();
+        // Headers: bounded by the server's few lines.
+        for i in 0..64 {
+            line.clear();
+            self.conn.read_line(&mut line).await.expect("read");
+            let l = line.trim_end();
+            if i == 0 {
+                status = l
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .expect("status");
+            }
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().expect("length");
+            }
+        }
+        let mut buf = vec![0u8; len];
+        self.conn.read_exact(&mut buf).await.expect("body");
+        (status, serde_json::from_slice(&buf).expect("json"))
+    }
+
+    /// One JSON-RPC call on `/rpc`; the whole answer object.
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let body =
+            json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+                .to_string();
+        self.request("POST", "/rpc", &body).await.1
+    }
+}
