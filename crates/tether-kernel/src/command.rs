@@ -22,7 +22,7 @@ use tether_core::ids::{self, CommandId};
 use tether_core::manifest::{Concurrency, Mode};
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Receipt, Refusal, Status};
-use tether_store::{canonical, BudgetRow, Commit, EventDraft, ReceiptRow, RevisionRow};
+use tether_store::{canonical, BudgetRow, Commit, EventDraft, ReceiptRef, RevisionRow};
 
 /// Most validation errors reported for one input.
 const SCHEMA_ERRORS_MAX: usize = 16;
@@ -1441,22 +1441,28 @@ impl Kernel {
         self.note_finished(op_id, &wire);
         // A simulated command records its admission (the decision) and its
         // receipt in one entry; a physical one recorded the admission before
-        // dispatch.
-        let body = match pending_admission {
-            Some(admission) => json!({"admission": admission, "receipt": wire}),
-            None => {
-                json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id})
+        // dispatch. The entry is where the receipt is stored (the receipts
+        // table only indexes it), so it is the one deep copy made here.
+        let mut body = Map::with_capacity(3);
+        match pending_admission {
+            Some(admission) => {
+                body.insert("admission".into(), admission);
             }
-        };
+            None => {
+                body.insert("principal".into(), ctx.principal.to_json());
+                body.insert("session_id".into(), json!(ctx.session_id));
+            }
+        }
+        body.insert("receipt".into(), wire.clone());
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "command.receipt".into(),
-                body,
+                body: Value::Object(body),
             }],
-            receipts: vec![ReceiptRow {
+            receipts: vec![ReceiptRef {
                 command_id: ctx.command_id.clone(),
                 input_digest: ctx.key.clone(),
-                receipt: wire.clone(),
+                event: 0,
             }],
             revisions: if advances {
                 vec![RevisionRow {
@@ -1476,7 +1482,13 @@ impl Kernel {
         };
         let durable = self.commit(commit).await;
         if let Ok(mut ix) = self.inner.idem.lock() {
-            ix.complete(&ctx.command_id, &ctx.key, wire.clone());
+            match &durable {
+                // Stored: a replay reads it back from the store, so the index
+                // keeps only the id and digest.
+                Ok(_) => ix.complete_stored(&ctx.command_id, &ctx.key),
+                // Not stored: the index is the only copy a replay can answer.
+                Err(_) => ix.complete(&ctx.command_id, &ctx.key, wire.clone()),
+            }
         }
         match durable {
             Ok(_) => Ok(wire),

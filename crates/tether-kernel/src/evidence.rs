@@ -13,7 +13,7 @@ use serde_json::json;
 use std::time::Duration;
 use tether_core::ids;
 use tether_core::receipt::now_ms;
-use tether_store::{Commit, EventDraft, ReceiptRow, StoreError};
+use tether_store::{Commit, EventDraft, ReceiptRef, StoreError};
 
 /// Delay between attempts to reconcile a held resource.
 const RECONCILE_DELAY: Duration = Duration::from_millis(500);
@@ -48,10 +48,10 @@ impl Kernel {
                 kind: "command.finish_crashed".into(),
                 body: json!({"command_id": command_id, "operation_id": operation_id, "device_id": dev.id(), "resource": resource, "reason": reason, "receipt": receipt}),
             }],
-            receipts: vec![ReceiptRow {
+            receipts: vec![ReceiptRef {
                 command_id: command_id.to_owned(),
                 input_digest: key.to_owned(),
-                receipt,
+                event: 0,
             }],
             closed_ops: vec![command_id.to_owned()],
             ..Commit::default()
@@ -141,10 +141,10 @@ pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize
         let receipts = if store.receipt(&op.command_id)?.is_some() {
             Vec::new()
         } else {
-            vec![ReceiptRow {
+            vec![ReceiptRef {
                 command_id: op.command_id.clone(),
                 input_digest: key,
-                receipt: receipt.clone(),
+                event: 0,
             }]
         };
         store.commit_blocking(Commit {

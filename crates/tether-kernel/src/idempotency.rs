@@ -108,6 +108,13 @@ impl Index {
         self.insert_done(command_id.to_owned(), digest.to_owned(), Some(receipt));
     }
 
+    /// Records that the receipt of an id is durably stored; a replay reads it
+    /// back from the store (`Begin::Unknown`), so memory holds only the digest.
+    pub fn complete_stored(&mut self, command_id: &str, digest: &str) {
+        self.entries.remove(command_id);
+        self.insert_done(command_id.to_owned(), digest.to_owned(), None);
+    }
+
     fn insert_done(&mut self, command_id: String, digest: String, receipt: Option<Value>) {
         self.order.push_back(command_id.clone());
         self.entries

@@ -21,7 +21,7 @@ use serde_json::json;
 use std::sync::mpsc;
 use std::time::Instant;
 use tether_store::{
-    Commit, CommitAck, EventDraft, MemoryStore, ReceiptRow, RevisionRow, SqliteStore, Store,
+    Commit, CommitAck, EventDraft, MemoryStore, ReceiptRef, RevisionRow, SqliteStore, Store,
     StoreError, WriterStats,
 };
 
@@ -38,13 +38,14 @@ fn commit(t: usize, i: usize) -> Commit {
             },
             EventDraft {
                 kind: "command.receipt".into(),
-                body: json!({"command_id": id, "status": "completed", "revisions": {"axis": i}, "latency_ms": 1.25}),
+                body: json!({"command_id": id, "revisions": {"axis": i}, "latency_ms": 1.25,
+                             "receipt": {"command_id": id, "status": "completed", "output": {"position_mm": i as f64 * 0.5}}}),
             },
         ],
-        receipts: vec![ReceiptRow {
+        receipts: vec![ReceiptRef {
             command_id: id.clone(),
             input_digest: digest,
-            receipt: json!({"command_id": id, "status": "completed", "output": {"position_mm": i as f64 * 0.5}}),
+            event: 1,
         }],
         revisions: vec![RevisionRow {
             device_id: "sim-arm".into(),

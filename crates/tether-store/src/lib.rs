@@ -1,7 +1,8 @@
 //! # tether-store — Tether's durable state behind one trait
 //!
 //! **Owns:** the hash-chained evidence log (RFC 8785 canonical JSON + SHA-256,
-//! see [`canonical`] and [`verify`]), receipts by `command_id`, e-stop latches,
+//! see [`canonical`] and [`verify`]), receipts by `command_id` (stored once,
+//! inside the chain entry that records them, see [`ReceiptRef`]), e-stop latches,
 //! resource revisions and the budget journal — and the group-commit writer that
 //! makes each [`Commit`] durable (fsynced) before its caller is answered.
 //!
@@ -71,6 +72,22 @@ pub struct ReceiptRow {
     pub receipt: Value,
 }
 
+/// A receipt to retain under its `command_id`, as a commit asks for it.
+///
+/// The receipt document is stored once: it is the `receipt` member of the
+/// body of event number `event` (0-based) of the same commit, i.e. the chain
+/// entry that records it. The store indexes that entry by `command_id` and
+/// answers [`Store::receipt`] from it; nothing is written twice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptRef {
+    /// The command's idempotency key; must equal the receipt's `command_id`.
+    pub command_id: String,
+    /// `sha256:…` digest of the command's canonical input.
+    pub input_digest: String,
+    /// Index into the commit's `events` of the entry holding the receipt.
+    pub event: usize,
+}
+
 /// The current revision of one resource of one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RevisionRow {
@@ -113,8 +130,9 @@ pub struct BudgetRow {
 pub struct Commit {
     /// Events appended to the chain, in this order.
     pub events: Vec<EventDraft>,
-    /// Receipts to insert; a `command_id` already stored is a [`StoreError::Conflict`].
-    pub receipts: Vec<ReceiptRow>,
+    /// Receipts to retain (each inside one of this commit's events); a
+    /// `command_id` already stored is a [`StoreError::Conflict`].
+    pub receipts: Vec<ReceiptRef>,
     /// Revisions to set (insert or overwrite).
     pub revisions: Vec<RevisionRow>,
     /// Latches to set (insert or overwrite).

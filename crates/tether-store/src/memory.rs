@@ -92,6 +92,8 @@ struct MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
+    const KEEPS_RECEIPT_DOCUMENTS: bool = true;
+
     fn apply_batch(
         &mut self,
         batch: &[Job],
@@ -141,7 +143,12 @@ impl Backend for MemoryBackend {
             for r in &c.receipts {
                 let at = st.receipts.len();
                 st.receipt_index.insert(r.row.command_id.clone(), at);
-                st.receipts.push(r.row.clone());
+                st.receipts.push(ReceiptRow {
+                    command_id: r.row.command_id.clone(),
+                    input_digest: r.row.input_digest.clone(),
+                    // prepare() moved the document out of its event body.
+                    receipt: r.document.clone().unwrap_or(Value::Null),
+                });
             }
             for r in &c.revisions {
                 // Revisions are minted by an atomic increment and concurrent

@@ -8,7 +8,7 @@
 
 use crate::canonical::write_canonical_bounded;
 use crate::chain::{kind_json, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
-use crate::{BudgetRow, Commit, LatchRow, ReceiptRow, RevisionRow, StoreError};
+use crate::{BudgetRow, Commit, LatchRow, ReceiptRef, RevisionRow, StoreError};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -27,8 +27,10 @@ pub(crate) struct PreparedEvent {
 }
 
 pub(crate) struct PreparedReceipt {
-    pub row: ReceiptRow,
-    pub receipt_json: String,
+    pub row: ReceiptRef,
+    /// The receipt document, moved out of its event's body after that body was
+    /// serialised; kept only for a backend that holds documents in memory.
+    pub document: Option<Value>,
 }
 
 pub(crate) struct PreparedLatch {
@@ -81,7 +83,34 @@ fn fits_i64(v: u64, what: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
+/// Checks that receipt `r` points at an event of the commit whose body holds
+/// it: a `receipt` object whose `command_id` is the row's.
+fn check_receipt_ref(r: &ReceiptRef, events: &[crate::EventDraft]) -> Result<(), StoreError> {
+    let Some(event) = events.get(r.event) else {
+        return Err(invalid(format!(
+            "receipt {:?} points at event {} of a commit with {} events",
+            r.command_id,
+            r.event,
+            events.len()
+        )));
+    };
+    let held = event
+        .body
+        .get("receipt")
+        .and_then(|d| d.get("command_id"))
+        .and_then(Value::as_str);
+    if held != Some(r.command_id.as_str()) {
+        return Err(invalid(format!(
+            "event {} ({:?}) does not hold the receipt of command_id {:?} as its `receipt` member",
+            r.event, event.kind, r.command_id
+        )));
+    }
+    Ok(())
+}
+
+/// Validates and serialises `c`. With `keep_documents`, each receipt document
+/// is moved out of its (already serialised) event body for the backend.
+pub(crate) fn prepare(c: Commit, keep_documents: bool) -> Result<Prepared, StoreError> {
     let counts = [
         ("events", c.events.len()),
         ("receipts", c.receipts.len()),
@@ -128,6 +157,7 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
     }
 
     let mut seen: HashSet<&str> = HashSet::with_capacity(c.receipts.len());
+    let mut holders: HashSet<usize> = HashSet::with_capacity(c.receipts.len());
     for r in &c.receipts {
         if r.command_id.is_empty() {
             return Err(invalid("receipt command_id is empty"));
@@ -136,6 +166,13 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
             return Err(StoreError::Conflict(format!(
                 "two receipts for command_id {:?} in one commit",
                 r.command_id
+            )));
+        }
+        check_receipt_ref(r, &c.events)?;
+        if !holders.insert(r.event) {
+            return Err(invalid(format!(
+                "two receipts point at event {} of one commit",
+                r.event
             )));
         }
     }
@@ -162,11 +199,23 @@ pub(crate) fn prepare(c: Commit) -> Result<Prepared, StoreError> {
         fits_i64(r.revision, "revision")?;
     }
 
+    let mut event_bodies = c.events;
     let mut receipts = Vec::with_capacity(c.receipts.len());
     for row in c.receipts {
-        let receipt_json = bounded_json(&row.receipt, "receipt")?;
-        receipts.push(PreparedReceipt { row, receipt_json });
+        // check_receipt_ref proved the event and its `receipt` member exist.
+        let document = if keep_documents {
+            event_bodies
+                .get_mut(row.event)
+                .and_then(|e| e.body.get_mut("receipt"))
+                .map(Value::take)
+        } else {
+            None
+        };
+        receipts.push(PreparedReceipt { row, document });
     }
+    // The bodies are serialised; drop them here, on the submitting thread,
+    // rather than on the writer's.
+    drop(event_bodies);
     let mut latches = Vec::with_capacity(c.latches.len());
     for row in c.latches {
         let info_json = bounded_json(&row.info, "latch info")?;

@@ -20,7 +20,7 @@ use std::time::Duration;
 pub const DB_FILE_NAME: &str = "tether.db";
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How long a connection waits for another process holding the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,7 +93,47 @@ const MIGRATIONS: &[(i64, &str)] = &[
         info TEXT NOT NULL
     ) WITHOUT ROWID;",
     ),
+    (
+        4,
+        // Each receipt is stored once, inside the chain entry that records it
+        // (its `receipt` member); this table only indexes that entry. Up to
+        // version 3 every receipt row pointed at exactly that entry (one
+        // receipt per commit, one event per receipt commit), which
+        // `check_receipts_movable` confirms before this runs.
+        "ALTER TABLE receipts RENAME TO receipts_v3;
+    CREATE TABLE receipts(
+        seq INTEGER PRIMARY KEY,
+        command_id TEXT NOT NULL UNIQUE,
+        input_digest TEXT NOT NULL
+    );
+    INSERT INTO receipts(seq, command_id, input_digest)
+        SELECT seq, command_id, input_digest FROM receipts_v3;
+    DROP TABLE receipts_v3;",
+    ),
 ];
+
+/// Before migration 4 drops the receipt copies: every receipt row must point
+/// at an entry whose body holds that same receipt. Otherwise the migration is
+/// refused and nothing changes.
+fn check_receipts_movable(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    let stray: Option<String> = tx
+        .query_row(
+            "SELECT r.command_id FROM receipts r LEFT JOIN events e ON e.seq = r.seq
+             WHERE e.seq IS NULL
+                OR json_extract(e.line, '$.body.receipt.command_id') IS NOT r.command_id
+                OR json(json_extract(e.line, '$.body.receipt')) IS NOT json(r.receipt)
+             LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match stray {
+        None => Ok(()),
+        Some(id) => Err(StoreError::Corrupt(format!(
+            "cannot migrate to schema 4: the receipt of command_id {id:?} is not the one in its chain entry; nothing was changed"
+        ))),
+    }
+}
 
 /// SQLite-backed [`Store`].
 pub struct SqliteStore {
@@ -276,6 +316,9 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         )));
     }
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        if *version == 4 {
+            check_receipts_movable(&tx)?;
+        }
         tx.execute_batch(sql)?;
         tx.execute(
             "INSERT INTO schema_version(version, applied_ms) VALUES (?1, ?2)",
@@ -350,6 +393,8 @@ struct SqliteBackend {
 }
 
 impl Backend for SqliteBackend {
+    const KEEPS_RECEIPT_DOCUMENTS: bool = false;
+
     fn apply_batch(
         &mut self,
         batch: &[Job],
@@ -474,17 +519,18 @@ impl SqliteBackend {
                 };
             }
         }
-        let head_seq = seq_to_db(self.head.seq)?;
         if !c.receipts.is_empty() {
             let mut insert = self.conn.prepare_cached(
-                "INSERT INTO receipts(command_id, input_digest, receipt, seq) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO receipts(seq, command_id, input_digest) VALUES (?1, ?2, ?3)",
             )?;
             for r in &c.receipts {
+                // prepare() checked that `event` indexes this commit's events.
+                let seq = first_seq + r.row.event as u64;
+                debug_assert!(seq <= self.head.seq);
                 insert.execute(params![
+                    seq_to_db(seq)?,
                     &r.row.command_id,
-                    &r.row.input_digest,
-                    &r.receipt_json,
-                    head_seq
+                    &r.row.input_digest
                 ])?;
             }
         }
@@ -578,6 +624,23 @@ impl SqliteBackend {
     }
 }
 
+/// The receipt of `command_id` out of the chain entry `line` that records it.
+fn receipt_from_entry(command_id: &str, line: &str) -> Result<Value, StoreError> {
+    let mut entry: Value =
+        serde_json::from_str(line).map_err(|e| corrupt_json("chain entry", command_id, e))?;
+    let receipt = entry
+        .get_mut("body")
+        .and_then(|b| b.get_mut("receipt"))
+        .map(Value::take)
+        .unwrap_or(Value::Null);
+    if receipt.get("command_id").and_then(Value::as_str) != Some(command_id) {
+        return Err(StoreError::Corrupt(format!(
+            "the chain entry indexed for command_id {command_id:?} does not hold its receipt"
+        )));
+    }
+    Ok(receipt)
+}
+
 fn corrupt_json(what: &str, key: &str, e: serde_json::Error) -> StoreError {
     StoreError::Corrupt(format!("stored {what} for {key:?} is not valid JSON: {e}"))
 }
@@ -599,28 +662,27 @@ impl Store for SqliteStore {
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         let conn = self.read();
         let row: Option<(String, String)> = conn
-            .prepare_cached("SELECT input_digest, receipt FROM receipts WHERE command_id = ?1")?
+            .prepare_cached(
+                "SELECT r.input_digest, e.line FROM receipts r JOIN events e ON e.seq = r.seq
+                 WHERE r.command_id = ?1",
+            )?
             .query_row([command_id], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
         drop(conn);
         match row {
             None => Ok(None),
-            Some((input_digest, text)) => {
-                let receipt = serde_json::from_str(&text)
-                    .map_err(|e| corrupt_json("receipt", command_id, e))?;
-                Ok(Some(ReceiptRow {
-                    command_id: command_id.to_string(),
-                    input_digest,
-                    receipt,
-                }))
-            }
+            Some((input_digest, line)) => Ok(Some(ReceiptRow {
+                command_id: command_id.to_string(),
+                input_digest,
+                receipt: receipt_from_entry(command_id, &line)?,
+            })),
         }
     }
 
     fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
         let conn = self.read();
         let mut st = conn.prepare_cached(
-            "SELECT command_id, input_digest FROM receipts ORDER BY rowid DESC LIMIT ?1",
+            "SELECT command_id, input_digest FROM receipts ORDER BY seq DESC LIMIT ?1",
         )?;
         // One row more than asked tells whether everything fitted.
         let rows = st.query_map([limit_param(limit.saturating_add(1))], |r| {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tether_store::verify::{verify_jsonl, verify_store};
 use tether_store::{
-    BudgetRow, Commit, CommitAck, EventDraft, LatchRow, MemoryStore, ReceiptRow, RevisionRow,
-    SqliteStore, Store, StoreError, GENESIS_PREV_HASH, QUEUE_CAPACITY,
+    BudgetRow, Commit, CommitAck, EventDraft, LatchRow, MemoryStore, ReceiptRef, ReceiptRow,
+    RevisionRow, SqliteStore, Store, StoreError, GENESIS_PREV_HASH, QUEUE_CAPACITY,
 };
 
 fn event(kind: &str, body: serde_json::Value) -> EventDraft {
@@ -26,6 +26,23 @@ fn receipt(id: &str) -> ReceiptRow {
     }
 }
 
+/// The commit's side of `receipt(id)`: the row pointing at event `event`.
+fn receipt_ref(id: &str, event: usize) -> ReceiptRef {
+    ReceiptRef {
+        command_id: id.into(),
+        input_digest: receipt(id).input_digest,
+        event,
+    }
+}
+
+/// An entry recording `receipt(id)`, where the store keeps it.
+fn receipt_event(id: &str) -> EventDraft {
+    event(
+        "receipt",
+        json!({"command_id": id, "receipt": receipt(id).receipt}),
+    )
+}
+
 fn budget(id: &str, ts_ms: u64) -> BudgetRow {
     BudgetRow {
         key: "dev1/energy".into(),
@@ -40,9 +57,9 @@ fn full_commit(id: &str) -> Commit {
     Commit {
         events: vec![
             event("command.started", json!({"command_id": id})),
-            event("receipt", json!({"command_id": id})),
+            receipt_event(id),
         ],
-        receipts: vec![receipt(id)],
+        receipts: vec![receipt_ref(id, 1)],
         revisions: vec![RevisionRow {
             device_id: "dev1".into(),
             resource: "state".into(),
@@ -184,7 +201,7 @@ fn duplicate_receipt_is_a_conflict_and_stores_nothing() {
 
         // Duplicates inside one commit, and duplicate budget reservations.
         let mut c = full_commit("twice");
-        c.receipts.push(receipt("twice"));
+        c.receipts.push(receipt_ref("twice", 1));
         assert!(matches!(s.commit_blocking(c), Err(StoreError::Conflict(_))));
         let mut c = full_commit("other");
         c.budget_draws = vec![budget("r-dup", 5)];
@@ -286,7 +303,8 @@ fn receipt_digests_are_the_most_recent() {
     both(|s| {
         for i in 0..5 {
             s.commit_blocking(Commit {
-                receipts: vec![receipt(&format!("r{i}"))],
+                events: vec![receipt_event(&format!("r{i}"))],
+                receipts: vec![receipt_ref(&format!("r{i}"), 0)],
                 ..Commit::default()
             })
             .expect("commit");
@@ -650,4 +668,112 @@ fn invocations_are_upserted_and_survive_a_reopen() {
     }
     let s = SqliteStore::open(dir.path()).expect("reopen");
     assert_eq!(s.invocation("inv_1").expect("read"), Some(row("pending")));
+}
+
+#[test]
+fn a_receipt_must_point_at_an_event_that_holds_it() {
+    both(|s| {
+        // Out of range, an event without a `receipt`, and another command's receipt.
+        let mut c = full_commit("r1");
+        c.receipts = vec![receipt_ref("r1", 2)];
+        let err = s.commit_blocking(c).expect_err("out of range");
+        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        let mut c = full_commit("r1");
+        c.receipts = vec![receipt_ref("r1", 0)];
+        let err = s.commit_blocking(c).expect_err("no receipt member");
+        assert!(err.to_string().contains("does not hold"), "{err}");
+        let mut c = full_commit("r1");
+        c.receipts = vec![receipt_ref("someone-else", 1)];
+        assert!(matches!(s.commit_blocking(c), Err(StoreError::Invalid(_))));
+        // Two receipts in one event.
+        let mut c = full_commit("r1");
+        c.events.push(receipt_event("r2"));
+        c.receipts = vec![receipt_ref("r1", 1), receipt_ref("r2", 1)];
+        assert!(matches!(s.commit_blocking(c), Err(StoreError::Invalid(_))));
+        // Nothing of any of them was stored.
+        assert_eq!(s.chain_head().expect("head"), None);
+        assert_eq!(s.receipt("r1").expect("read"), None);
+    });
+}
+
+/// Turns a current database back into the version 3 layout, where every
+/// receipt row also carried its own copy of the receipt.
+fn downgrade_to_v3(path: &std::path::Path, receipt_text: impl Fn(&str) -> String) {
+    let db = rusqlite::Connection::open(path.join("tether.db")).expect("db");
+    let rows: Vec<(i64, String, String)> = {
+        let mut st = db
+            .prepare("SELECT seq, command_id, input_digest FROM receipts")
+            .expect("select");
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    };
+    db.execute_batch(
+        "DROP TABLE receipts;
+         CREATE TABLE receipts(command_id TEXT PRIMARY KEY, input_digest TEXT NOT NULL,
+                               receipt TEXT NOT NULL, seq INTEGER NOT NULL);
+         DELETE FROM schema_version WHERE version = 4;",
+    )
+    .expect("v3 layout");
+    for (seq, id, digest) in rows {
+        db.execute(
+            "INSERT INTO receipts(command_id, input_digest, receipt, seq) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![id, digest, receipt_text(&id), seq],
+        )
+        .expect("v3 row");
+    }
+}
+
+fn canonical_receipt(id: &str) -> String {
+    tether_store::canonical::to_canonical_string(&receipt(id).receipt)
+}
+
+#[test]
+fn version_3_receipts_migrate_to_their_chain_entries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(full_commit("a")).expect("a");
+        s.commit_blocking(full_commit("b")).expect("b");
+    }
+    downgrade_to_v3(dir.path(), canonical_receipt);
+    let s = SqliteStore::open(dir.path()).expect("migrated");
+    assert_eq!(s.receipt("a").expect("read"), Some(receipt("a")));
+    assert_eq!(s.receipt("b").expect("read"), Some(receipt("b")));
+    let (ids, complete) = s.receipt_digests(10).expect("digests");
+    assert!(complete);
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[1].0, "b", "newest last");
+    // The migrated store takes new receipts and still refuses a reused id.
+    s.commit_blocking(full_commit("c")).expect("c");
+    assert!(matches!(
+        s.commit_blocking(full_commit("a")),
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+#[test]
+fn a_version_3_receipt_unlike_its_entry_refuses_the_migration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(full_commit("a")).expect("a");
+    }
+    downgrade_to_v3(dir.path(), |_| {
+        r#"{"command_id":"a","status":"failed"}"#.into()
+    });
+    let err = SqliteStore::open(dir.path()).expect_err("refused");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("schema 4"), "{err}");
+    // Nothing changed: the version 3 table and its copy are still there.
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    let kept: String = db
+        .query_row(
+            "SELECT receipt FROM receipts WHERE command_id = 'a'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("v3 row kept");
+    assert!(kept.contains("failed"));
 }
