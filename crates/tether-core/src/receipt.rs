@@ -108,14 +108,24 @@ pub struct Receipt {
 impl Receipt {
     /// The wire object. `replayed` is added by the caller on replay.
     pub fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("receipt_id".into(), json!(self.receipt_id));
-        m.insert("command_id".into(), json!(self.command_id));
-        m.insert("device_id".into(), json!(self.device_id));
-        m.insert("capability_id".into(), json!(self.capability_id));
-        m.insert("resource".into(), json!(self.resource));
-        m.insert("status".into(), json!(self.status.as_str()));
-        m.insert("output".into(), self.output.clone().unwrap_or(Value::Null));
+        self.clone().into_json()
+    }
+
+    /// The wire object, moving this receipt's strings and output into it
+    /// instead of copying them (the kernel's path for every command).
+    pub fn into_json(self) -> Value {
+        const FIXED_MEMBERS: usize = 18;
+        let mut m = Map::with_capacity(FIXED_MEMBERS + self.extra.len());
+        m.insert("receipt_id".into(), Value::String(self.receipt_id));
+        m.insert("command_id".into(), Value::String(self.command_id));
+        m.insert("device_id".into(), Value::String(self.device_id));
+        m.insert("capability_id".into(), Value::String(self.capability_id));
+        m.insert(
+            "resource".into(),
+            self.resource.map(Value::String).unwrap_or(Value::Null),
+        );
+        m.insert("status".into(), Value::from(self.status.as_str()));
+        m.insert("output".into(), self.output.unwrap_or(Value::Null));
         m.insert(
             "error".into(),
             self.error
@@ -123,7 +133,7 @@ impl Receipt {
                 .map(Refusal::to_json)
                 .unwrap_or(Value::Null),
         );
-        m.insert("input_digest".into(), json!(self.input_digest));
+        m.insert("input_digest".into(), Value::String(self.input_digest));
         m.insert(
             "state_revision_before".into(),
             json!(self.state_revision_before),
@@ -133,12 +143,13 @@ impl Receipt {
             json!(self.state_revision_after),
         );
         m.insert("decision".into(), json!(self.decision));
-        m.insert("mode".into(), json!(self.mode));
-        m.insert("accepted_at_ms".into(), json!(self.accepted_at_ms));
-        m.insert("completed_at_ms".into(), json!(self.completed_at_ms));
-        m.insert("replayed".into(), json!(false));
-        for (k, v) in &self.extra {
-            m.insert(k.clone(), v.clone());
+        m.insert("mode".into(), Value::from(self.mode));
+        m.insert("accepted_at_ms".into(), Value::from(self.accepted_at_ms));
+        m.insert("completed_at_ms".into(), Value::from(self.completed_at_ms));
+        m.insert("replayed".into(), Value::Bool(false));
+        debug_assert!(m.len() <= FIXED_MEMBERS);
+        for (k, v) in self.extra {
+            m.insert(k, v);
         }
         Value::Object(m)
     }

@@ -1437,12 +1437,17 @@ impl Kernel {
         receipt.state_revision_after = Some(after);
         receipt.decision = Some("allow");
         receipt.extra.insert("operation_id".into(), json!(op_id));
-        let wire = receipt.to_json();
-        self.note_finished(op_id, &wire);
+        self.note_finished(op_id, ctx.device, &receipt);
+        let mut wire = receipt.into_json();
+        // Answered now and replayed later from the chain: both must be the
+        // same document, so numbers take their canonical form here (30.0 is
+        // recorded, and read back, as 30).
+        canonical::normalize_numbers(&mut wire);
         // A simulated command records its admission (the decision) and its
         // receipt in one entry; a physical one recorded the admission before
         // dispatch. The entry is where the receipt is stored (the receipts
-        // table only indexes it), so it is the one deep copy made here.
+        // table only indexes it); the commit is serialised from a borrow and
+        // the receipt taken back out of it to answer, so it is never copied.
         let mut body = Map::with_capacity(3);
         match pending_admission {
             Some(admission) => {
@@ -1453,7 +1458,7 @@ impl Kernel {
                 body.insert("session_id".into(), json!(ctx.session_id));
             }
         }
-        body.insert("receipt".into(), wire.clone());
+        body.insert("receipt".into(), wire);
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "command.receipt".into(),
@@ -1480,7 +1485,8 @@ impl Kernel {
             },
             ..Commit::default()
         };
-        let durable = self.commit(commit).await;
+        let durable = self.commit_ref(&commit).await;
+        let wire = take_receipt(commit);
         if let Ok(mut ix) = self.inner.idem.lock() {
             match &durable {
                 // Stored: a replay reads it back from the store, so the index
@@ -1594,7 +1600,7 @@ impl Kernel {
             None,
             Some(refusal),
         );
-        let wire = receipt.to_json();
+        let wire = receipt.into_json();
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "command.rejected".into(),
@@ -1928,4 +1934,15 @@ pub(crate) fn check_interlocks(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Re
 #[allow(dead_code)]
 fn verb_name(v: Verb) -> &'static str {
     v.as_str()
+}
+
+/// The receipt back out of a receipt commit built by `finish`: the `receipt`
+/// member of its only event.
+fn take_receipt(commit: Commit) -> Value {
+    let receipt = commit.events.into_iter().next().and_then(|e| match e.body {
+        Value::Object(mut m) => m.remove("receipt"),
+        _ => None,
+    });
+    debug_assert!(receipt.is_some(), "a receipt commit holds its receipt");
+    receipt.unwrap_or(Value::Null)
 }

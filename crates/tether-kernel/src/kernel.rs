@@ -469,6 +469,19 @@ impl Kernel {
         rx.await.unwrap_or(Err(StoreError::Closed))
     }
 
+    /// [`Kernel::commit`] for a commit the caller still needs afterwards (it
+    /// takes a document back out of it): serialised from the borrow.
+    pub(crate) async fn commit_ref(&self, commit: &Commit) -> Result<CommitAck, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.store.submit_ref(
+            commit,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.await.unwrap_or(Err(StoreError::Closed))
+    }
+
     /// Queues a commit without waiting (reads and other no-effect records).
     pub(crate) fn record(&self, commit: Commit) {
         self.inner.store.submit(

@@ -8,20 +8,31 @@ use crate::kernel::Kernel;
 use crate::ApiError;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use tether_core::Code;
+use tether_core::{Code, Receipt, Status};
 
 /// Finished operations remembered for `mhs.operations.get`.
 const FINISHED_MAX: usize = 10_000;
 
+/// What `mhs.operations.get` says of a finished operation; rendered as JSON
+/// only when asked, since nearly every operation is never asked about.
+#[derive(Debug)]
+pub(crate) struct FinishedOp {
+    status: Status,
+    command_id: String,
+    receipt_id: String,
+    device: usize,
+    capability_id: String,
+}
+
 /// A bounded memory of finished operations: id -> summary.
 #[derive(Debug, Default)]
 pub(crate) struct Finished {
-    by_id: HashMap<String, Value>,
+    by_id: HashMap<String, FinishedOp>,
     order: VecDeque<String>,
 }
 
 impl Finished {
-    fn insert(&mut self, op_id: &str, summary: Value) {
+    fn insert(&mut self, op_id: &str, summary: FinishedOp) {
         self.by_id.insert(op_id.to_owned(), summary);
         self.order.push_back(op_id.to_owned());
         while self.order.len() > FINISHED_MAX {
@@ -33,20 +44,16 @@ impl Finished {
 }
 
 impl Kernel {
-    pub(crate) fn note_finished(&self, op_id: &str, receipt: &Value) {
+    pub(crate) fn note_finished(&self, op_id: &str, device: usize, receipt: &Receipt) {
+        let summary = FinishedOp {
+            status: receipt.status,
+            command_id: receipt.command_id.clone(),
+            receipt_id: receipt.receipt_id.clone(),
+            device,
+            capability_id: receipt.capability_id.clone(),
+        };
         if let Ok(mut f) = self.inner.finished_ops.lock() {
-            f.insert(
-                op_id,
-                json!({
-                    "operation_id": op_id,
-                    "state": "finished",
-                    "status": receipt["status"],
-                    "command_id": receipt["command_id"],
-                    "receipt_id": receipt["receipt_id"],
-                    "device_id": receipt["device_id"],
-                    "capability_id": receipt["capability_id"],
-                }),
-            );
+            f.insert(op_id, summary);
         }
     }
 
@@ -74,12 +81,19 @@ impl Kernel {
                 }));
             }
         }
-        self.inner
-            .finished_ops
-            .lock()
-            .ok()
-            .and_then(|f| f.by_id.get(operation_id).cloned())
-            .ok_or_else(|| Self::unknown_operation(operation_id))
+        let finished = self.inner.finished_ops.lock().ok();
+        let Some(op) = finished.as_ref().and_then(|f| f.by_id.get(operation_id)) else {
+            return Err(Self::unknown_operation(operation_id));
+        };
+        Ok(json!({
+            "operation_id": operation_id,
+            "state": "finished",
+            "status": op.status.as_str(),
+            "command_id": op.command_id,
+            "receipt_id": op.receipt_id,
+            "device_id": self.inner.devices[op.device].id(),
+            "capability_id": op.capability_id,
+        }))
     }
 
     /// `mhs.operations.cancel`: delivers cancellation to a running operation.

@@ -272,7 +272,7 @@ impl Kernel {
             .extra
             .insert("latch_durable".into(), json!(durable.is_ok()));
         receipt.extra.insert("not_certified".into(), json!(true));
-        let wire = receipt.to_json();
+        let wire = receipt.into_json();
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.receipt".into(),
@@ -429,7 +429,7 @@ impl Kernel {
             Some(json!({"latched": false, "resumed": false})),
             None,
         );
-        Ok(receipt.to_json())
+        Ok(receipt.into_json())
     }
 
     fn reset_refusal(&self, d: usize, p: &Principal) -> Option<Refusal> {

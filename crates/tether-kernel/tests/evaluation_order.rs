@@ -720,3 +720,41 @@ fn json_manifests_load_like_toml_and_refuse_duplicate_keys() {
     .expect_err("duplicate key");
     assert!(err[0].to_string().contains("duplicate key"), "{}", err[0]);
 }
+
+#[tokio::test]
+async fn a_replay_answers_the_same_document_before_and_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let id = "01REPLAYSAMEDOCUMENT000000";
+    let first = {
+        let rig = rig_with(
+            None,
+            Arc::new(SqliteStore::open(dir.path()).expect("store")),
+        )
+        .await;
+        // A whole float in the output: recorded, and read back, as 3.
+        let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 3.0}));
+        req.command_id = Some(id.into());
+        let first = rig.run(req.clone()).await;
+        assert_eq!(first["status"], "completed", "{first}");
+        assert_eq!(first["replayed"], false);
+        let again = rig.run(req).await;
+        assert_eq!(again["replayed"], true, "{again}");
+        let mut same = again.clone();
+        same["replayed"] = json!(false);
+        assert_eq!(same, first, "a replay in the same process");
+        first
+    };
+    let rig = rig_with(
+        None,
+        Arc::new(SqliteStore::open(dir.path()).expect("store")),
+    )
+    .await;
+    let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 3.0}));
+    req.command_id = Some(id.into());
+    let after = rig.run(req).await;
+    assert_eq!(after["replayed"], true, "{after}");
+    let mut same = after.clone();
+    same["replayed"] = json!(false);
+    assert_eq!(same, first, "a replay after a restart");
+    assert_eq!(rig.calls(), 0, "a replay never reaches the driver");
+}

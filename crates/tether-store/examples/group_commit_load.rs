@@ -2,7 +2,7 @@
 //! `commit_blocking`, like N concurrent callers of the kernel.
 //!
 //! ```text
-//! cargo run --release -p tether-store --example group_commit_load -- [threads] [commits_per_thread] [--memory] [--inflight=K]
+//! cargo run --release -p tether-store --example group_commit_load -- [threads] [commits_per_thread] [--memory] [--inflight=K] [--kernel-shape]
 //! ```
 //!
 //! By default each thread waits for each commit (`commit_blocking`), so at
@@ -11,8 +11,10 @@
 //! keeps up to K commits outstanding through `submit`, as a server with many
 //! connections per worker would.
 //!
-//! Each commit is what one decided command typically stores: a "started" and
-//! a "receipt" event, the receipt row and a revision. Prints commits/s and the
+//! Each commit is what one decided physical command stores: a "started" and
+//! a "receipt" event, the receipt index and a revision; with `--kernel-shape`,
+//! what a simulated one stores: one ~1 KB entry (admission and receipt), the
+//! receipt index and a revision. Prints commits/s and the
 //! number of batches (one transaction and one fsync each for SQLite). The
 //! store lives in a temporary directory under `$TMPDIR`; point that at the disk
 //! you want to measure.
@@ -56,19 +58,61 @@ fn commit(t: usize, i: usize) -> Commit {
     }
 }
 
+/// What the kernel stores for one simulated command: a single entry holding
+/// the admission and the receipt (about 1 KB of canonical JSON), the receipt
+/// index and a revision.
+fn kernel_commit(t: usize, i: usize) -> Commit {
+    let id = format!("01J{t:05}{i:010}");
+    let input = json!({"target_temperature": 20 + (i % 50)});
+    let digest = tether_store::canonical::digest(&input);
+    let receipt = json!({
+        "receipt_id": format!("rcpt_01J{t:05}{i:010}"), "command_id": id, "device_id": "thermostat-1",
+        "capability_id": "cap.thermal.setpoint.v1", "resource": "main", "status": "completed",
+        "output": {"target_temperature": 20 + (i % 50)}, "error": null, "input_digest": digest,
+        "state_revision_before": i, "state_revision_after": i + 1, "decision": "allow", "mode": "simulated",
+        "accepted_at_ms": 1_796_020_744_014u64, "completed_at_ms": 1_796_020_744_015u64, "replayed": false,
+        "latency_us": 728, "operation_id": format!("op_01J{t:05}{i:010}"),
+        "policy": {"decision": "allow", "policies": ["simulated-allowed"], "reason": "permitted by policy `simulated-allowed`"}
+    });
+    Commit {
+        events: vec![EventDraft {
+            kind: "command.receipt".into(),
+            body: json!({"admission": {"decision": "allow", "principal": {"id": "local", "kind": "agent"}, "risk": "R1",
+                         "session_id": "mhs_s_01M8NJVBMYFZB3YZ5GJCX3YZBC_beddf9afe047fc0d"}, "receipt": receipt}),
+        }],
+        receipts: vec![ReceiptRef {
+            command_id: id,
+            input_digest: digest,
+            event: 0,
+        }],
+        revisions: vec![RevisionRow {
+            device_id: "thermostat-1".into(),
+            resource: "main".into(),
+            revision: i as u64 + 1,
+        }],
+        ..Commit::default()
+    }
+}
+
 fn fail(e: StoreError) -> ! {
     eprintln!("commit failed: {e}");
     std::process::exit(1);
 }
 
-fn run(store: &dyn Store, threads: usize, per_thread: usize, inflight: usize) -> f64 {
+fn run(
+    store: &dyn Store,
+    make: fn(usize, usize) -> Commit,
+    threads: usize,
+    per_thread: usize,
+    inflight: usize,
+) -> f64 {
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
             s.spawn(move || {
                 if inflight <= 1 {
                     for i in 0..per_thread {
-                        if let Err(e) = store.commit_blocking(commit(t, i)) {
+                        if let Err(e) = store.commit_blocking(make(t, i)) {
                             fail(e);
                         }
                     }
@@ -87,7 +131,7 @@ fn run(store: &dyn Store, threads: usize, per_thread: usize, inflight: usize) ->
                     }
                     let tx = tx.clone();
                     store.submit(
-                        commit(t, i),
+                        make(t, i),
                         Box::new(move |r| {
                             let _ = tx.send(r);
                         }),
@@ -131,6 +175,11 @@ fn report(
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let memory = args.iter().any(|a| a == "--memory");
+    let make: fn(usize, usize) -> Commit = if args.iter().any(|a| a == "--kernel-shape") {
+        kernel_commit
+    } else {
+        commit
+    };
     let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let threads = nums.first().copied().unwrap_or(64).max(1);
     let per_thread = nums.get(1).copied().unwrap_or(2000).max(1);
@@ -143,7 +192,7 @@ fn main() {
 
     if memory {
         let store = MemoryStore::new();
-        let secs = run(&store, threads, per_thread, inflight);
+        let secs = run(&store, make, threads, per_thread, inflight);
         report("memory", threads, per_thread, inflight, secs, store.stats());
         return;
     }
@@ -161,7 +210,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let secs = run(&store, threads, per_thread, inflight);
+    let secs = run(&store, make, threads, per_thread, inflight);
     report("sqlite", threads, per_thread, inflight, secs, store.stats());
     drop(store);
     let t = Instant::now();

@@ -239,6 +239,43 @@ fn write_number(n: &Number, out: &mut String) {
     write_f64(n.as_f64().unwrap_or(f64::NAN), out);
 }
 
+/// Rewrites every number of `v` as reading back its canonical text would give
+/// it (`30.0` becomes `30`, an integer beyond 2^53 the integer its f64
+/// denotes), so a document answered from memory equals the same document read
+/// back from the chain. Strings, keys and structure are untouched.
+pub fn normalize_numbers(v: &mut Value) {
+    // An explicit stack: a document's depth never becomes this thread's.
+    let mut stack: Vec<&mut Value> = vec![v];
+    while let Some(node) = stack.pop() {
+        match node {
+            Value::Number(n) => {
+                if let Some(back) = round_trip_number(n) {
+                    *n = back;
+                }
+            }
+            Value::Array(items) => stack.extend(items.iter_mut()),
+            Value::Object(members) => stack.extend(members.values_mut()),
+            Value::Null | Value::Bool(_) | Value::String(_) => {}
+        }
+    }
+}
+
+/// The number `n`'s canonical text denotes when parsed, when it differs from
+/// `n` in value or type; `None` for the common case where it is `n` itself.
+fn round_trip_number(n: &Number) -> Option<Number> {
+    let exact = n.as_u64().is_some_and(|u| u <= EXACT_INT)
+        || n.as_i64().is_some_and(|i| i.unsigned_abs() <= EXACT_INT);
+    if exact {
+        return None;
+    }
+    let mut text = String::with_capacity(24);
+    write_number(n, &mut text);
+    match serde_json::from_str::<Number>(&text) {
+        Ok(back) if back != *n => Some(back),
+        _ => None,
+    }
+}
+
 /// Append an f64 the way ECMAScript's `Number.prototype.toString` does.
 pub fn write_f64(f: f64, out: &mut String) {
     if !f.is_finite() {
@@ -428,6 +465,17 @@ mod tests {
         assert_eq!(write_canonical_bounded(&json!(1), &mut s, 0), Ok(()));
     }
 
+    #[test]
+    fn normalizing_turns_whole_floats_into_integers() {
+        let mut v = json!({"t": 30.0, "half": 0.5, "neg": -2.0, "zero": -0.0, "n": [1, 2.0]});
+        normalize_numbers(&mut v);
+        assert_eq!(
+            v,
+            json!({"t": 30, "half": 0.5, "neg": -2, "zero": 0, "n": [1, 2]})
+        );
+        assert!(v["t"].is_u64() && v["neg"].is_i64());
+    }
+
     mod props {
         use super::super::*;
         use proptest::prelude::*;
@@ -472,6 +520,22 @@ mod tests {
                 let c = to_canonical_string(&v);
                 let back: Value = serde_json::from_str(&c).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(to_canonical_string(&back), c);
+            }
+
+            #[test]
+            fn normalized_numbers_equal_their_read_back(
+                f in any::<f64>(), u in any::<u64>(), i in any::<i64>(), small in -100i32..100
+            ) {
+                prop_assume!(f.is_finite());
+                let mut v = serde_json::json!({"f": f, "u": u, "i": i, "whole": f64::from(small), "a": [f, {"n": u}]});
+                let back: Value = serde_json::from_str(&to_canonical_string(&v))
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                normalize_numbers(&mut v);
+                prop_assert_eq!(&v, &back);
+                // Normalising is idempotent and keeps the canonical text.
+                let text = to_canonical_string(&v);
+                normalize_numbers(&mut v);
+                prop_assert_eq!(to_canonical_string(&v), text);
             }
         }
 

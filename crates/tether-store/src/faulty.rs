@@ -43,13 +43,13 @@ impl FaultyStore {
 }
 
 impl Store for FaultyStore {
-    fn submit(&self, commit: Commit, done: Done) {
+    fn submit_ref(&self, commit: &Commit, done: Done) {
         if self.fail_writes.load(Ordering::SeqCst) {
             self.refused_commits.fetch_add(1, Ordering::SeqCst);
             done(Err(StoreError::Io("injected write failure".into())));
             return;
         }
-        self.inner.submit(commit, done);
+        self.inner.submit_ref(commit, done);
     }
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         self.read_check()?;

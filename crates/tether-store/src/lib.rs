@@ -262,7 +262,14 @@ pub trait Store: Send + Sync + 'static {
     /// closed store or a malformed commit calls `done(Err(..))` immediately on
     /// the caller's thread. `done` must not block on the store itself (e.g.
     /// call [`Store::commit_blocking`]): it runs on the writer thread.
-    fn submit(&self, commit: Commit, done: Done);
+    fn submit(&self, commit: Commit, done: Done) {
+        self.submit_ref(&commit, done);
+    }
+
+    /// [`Store::submit`] for a caller that keeps its commit (e.g. to answer
+    /// with a document it also records): everything is serialised from the
+    /// borrow before this returns, so nothing big is copied.
+    fn submit_ref(&self, commit: &Commit, done: Done);
 
     /// Submit and wait until the commit is durable or failed. Must not be
     /// called from a `done` callback.

@@ -212,7 +212,7 @@ fn parse_line(line: &str) -> Result<Value, StoreError> {
 }
 
 impl Store for MemoryStore {
-    fn submit(&self, commit: Commit, done: Done) {
+    fn submit_ref(&self, commit: &Commit, done: Done) {
         self.writer.submit(commit, done);
     }
 

@@ -28,8 +28,8 @@ pub(crate) struct PreparedEvent {
 
 pub(crate) struct PreparedReceipt {
     pub row: ReceiptRef,
-    /// The receipt document, moved out of its event's body after that body was
-    /// serialised; kept only for a backend that holds documents in memory.
+    /// The receipt document, copied out of its event's body; kept only for a
+    /// backend that holds documents in memory.
     pub document: Option<Value>,
 }
 
@@ -108,9 +108,10 @@ fn check_receipt_ref(r: &ReceiptRef, events: &[crate::EventDraft]) -> Result<(),
     Ok(())
 }
 
-/// Validates and serialises `c`. With `keep_documents`, each receipt document
-/// is moved out of its (already serialised) event body for the backend.
-pub(crate) fn prepare(c: Commit, keep_documents: bool) -> Result<Prepared, StoreError> {
+/// Validates and serialises `c` from a borrow: event bodies become canonical
+/// text, rows are copied (they are small). With `keep_documents`, each
+/// receipt document is copied out of its event body for the backend.
+pub(crate) fn prepare(c: &Commit, keep_documents: bool) -> Result<Prepared, StoreError> {
     let counts = [
         ("events", c.events.len()),
         ("receipts", c.receipts.len()),
@@ -199,56 +200,58 @@ pub(crate) fn prepare(c: Commit, keep_documents: bool) -> Result<Prepared, Store
         fits_i64(r.revision, "revision")?;
     }
 
-    let mut event_bodies = c.events;
     let mut receipts = Vec::with_capacity(c.receipts.len());
-    for row in c.receipts {
+    for row in &c.receipts {
         // check_receipt_ref proved the event and its `receipt` member exist.
         let document = if keep_documents {
-            event_bodies
-                .get_mut(row.event)
-                .and_then(|e| e.body.get_mut("receipt"))
-                .map(Value::take)
+            c.events
+                .get(row.event)
+                .and_then(|e| e.body.get("receipt"))
+                .cloned()
         } else {
             None
         };
-        receipts.push(PreparedReceipt { row, document });
+        receipts.push(PreparedReceipt {
+            row: row.clone(),
+            document,
+        });
     }
-    // The bodies are serialised; drop them here, on the submitting thread,
-    // rather than on the writer's.
-    drop(event_bodies);
     let mut latches = Vec::with_capacity(c.latches.len());
-    for row in c.latches {
+    for row in &c.latches {
         let info_json = bounded_json(&row.info, "latch info")?;
-        latches.push(PreparedLatch { row, info_json });
+        latches.push(PreparedLatch {
+            row: row.clone(),
+            info_json,
+        });
     }
     let mut open_ops = Vec::with_capacity(c.open_ops.len());
-    for op in c.open_ops {
+    for op in &c.open_ops {
         let info_json = bounded_json(&op.info, "open operation info")?;
-        open_ops.push((op, info_json));
+        open_ops.push((op.clone(), info_json));
     }
     let mut approvals = Vec::with_capacity(c.approvals.len());
-    for a in c.approvals {
+    for a in &c.approvals {
         let record_json = bounded_json(&a.record, "approval record")?;
-        approvals.push((a, record_json));
+        approvals.push((a.clone(), record_json));
     }
     let mut invocations = Vec::with_capacity(c.invocations.len());
-    for row in c.invocations {
+    for row in &c.invocations {
         if row.invocation_id.is_empty() {
             return Err(invalid("invocation_id is empty"));
         }
         let info_json = bounded_json(&row.info, "invocation info")?;
-        invocations.push((row, info_json));
+        invocations.push((row.clone(), info_json));
     }
     Ok(Prepared {
         approvals,
         events,
         receipts,
-        revisions: c.revisions,
+        revisions: c.revisions.clone(),
         latches,
-        budget_draws: c.budget_draws,
-        budget_releases: c.budget_releases,
+        budget_draws: c.budget_draws.clone(),
+        budget_releases: c.budget_releases.clone(),
         open_ops,
-        closed_ops: c.closed_ops,
+        closed_ops: c.closed_ops.clone(),
         invocations,
     })
 }

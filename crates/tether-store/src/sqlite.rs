@@ -149,6 +149,26 @@ const WRITER_AUTOCHECKPOINT_PAGES: i64 = 65_536;
 /// How often the checkpointer copies the WAL back into the database.
 const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// WAL size, in frames, past which the checkpointer asks the writer to finish
+/// a checkpoint itself so the WAL can start over (see [`WalRestart`]).
+const WAL_RESTART_FRAMES: i64 = 1024;
+/// A WAL file larger than this is truncated back to it when the WAL starts
+/// over, so one burst (or a long-lived reader) does not keep a huge file.
+const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
+
+/// Shared between the checkpointer and the writer.
+///
+/// SQLite starts the WAL over (writes from its beginning again) only when a
+/// write transaction begins with every frame already copied into the
+/// database. Under continuous load the background checkpointer never gets
+/// there: the writer appends while it copies. The WAL would then grow for as
+/// long as the load lasts, every write extending the file (block allocation,
+/// a costlier fsync) instead of overwriting pages already on disk. So once the
+/// WAL is past [`WAL_RESTART_FRAMES`], the checkpointer raises this flag and
+/// the writer, between two batches, copies the few frames written since; its
+/// next transaction then starts the WAL over.
+type WalRestart = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
 /// A thread with its own connection that runs passive checkpoints, which
 /// never block the writer.
 struct Checkpointer {
@@ -157,14 +177,14 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
-    fn spawn(path: &Path) -> Result<Self, StoreError> {
+    fn spawn(path: &Path, restart: WalRestart) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         let stop = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("tether-store-ckpt".into())
-            .spawn(move || checkpoint_loop(&conn, &flag))
+            .spawn(move || checkpoint_loop(&conn, &flag, &restart))
             .map_err(|e| StoreError::Io(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Self {
             stop,
@@ -173,7 +193,11 @@ impl Checkpointer {
     }
 }
 
-fn checkpoint_loop(conn: &Connection, stop: &(Mutex<bool>, std::sync::Condvar)) {
+fn checkpoint_loop(
+    conn: &Connection,
+    stop: &(Mutex<bool>, std::sync::Condvar),
+    restart: &WalRestart,
+) {
     let (lock, cv) = stop;
     let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
     // Runs until the store is dropped; each round waits at most one interval.
@@ -188,7 +212,12 @@ fn checkpoint_loop(conn: &Connection, stop: &(Mutex<bool>, std::sync::Condvar)) 
         drop(stopped);
         // A failed passive checkpoint is retried next round; the WAL keeps
         // every committed frame meanwhile, so nothing is lost.
-        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        let wal_frames: Option<i64> = conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+            .ok();
+        if wal_frames.is_some_and(|n| n >= WAL_RESTART_FRAMES) {
+            restart.store(true, std::sync::atomic::Ordering::Release);
+        }
         stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
     }
 }
@@ -245,6 +274,7 @@ impl SqliteStore {
         // the e-stop's latch write behind it. The writer's own automatic
         // checkpoint stays only as a backstop should that thread be gone.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
         conn.set_prepared_statement_cache_capacity(32);
         migrate(&mut conn)?;
         let head = load_head(&conn)?;
@@ -258,13 +288,15 @@ impl SqliteStore {
         reader.pragma_update(None, "query_only", true)?;
         reader.set_prepared_statement_cache_capacity(32);
 
+        let restart = WalRestart::default();
         let backend = SqliteBackend {
             conn,
             head,
             scratch: String::with_capacity(256),
+            restart: restart.clone(),
         };
         let writer = Writer::spawn(backend, "tether-store-writer")?;
-        let checkpointer = Checkpointer::spawn(&path)?;
+        let checkpointer = Checkpointer::spawn(&path, restart)?;
         Ok(SqliteStore {
             writer,
             reader: Mutex::new(reader),
@@ -390,10 +422,26 @@ struct SqliteBackend {
     head: Head,
     /// Reused buffer for sealing entries.
     scratch: String,
+    /// Raised by the checkpointer: finish a checkpoint between batches.
+    restart: WalRestart,
 }
 
 impl Backend for SqliteBackend {
     const KEEPS_RECEIPT_DOCUMENTS: bool = false;
+
+    fn after_batch(&mut self) {
+        if self
+            .restart
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            // Copies only what was written since the checkpointer's last
+            // round. A failure (a reader holding an old snapshot) leaves the
+            // WAL as it is; the checkpointer asks again next round.
+            let _ = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
+    }
 
     fn apply_batch(
         &mut self,
@@ -655,7 +703,7 @@ fn limit_param(n: usize) -> i64 {
 }
 
 impl Store for SqliteStore {
-    fn submit(&self, commit: Commit, done: Done) {
+    fn submit_ref(&self, commit: &Commit, done: Done) {
         self.writer.submit(commit, done);
     }
 

@@ -54,6 +54,11 @@ pub(crate) trait Backend: Send + 'static {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError>;
+
+    /// Housekeeping between batches, after every caller of the last one was
+    /// answered (e.g. finishing a WAL checkpoint). Must stay short: the next
+    /// batch waits for it.
+    fn after_batch(&mut self) {}
 }
 
 /// A queued commit and its callback.
@@ -164,7 +169,7 @@ impl Writer {
         }
     }
 
-    pub(crate) fn submit(&self, commit: Commit, done: Done) {
+    pub(crate) fn submit(&self, commit: &Commit, done: Done) {
         let commit = match prepare(commit, self.keep_receipt_documents) {
             Ok(c) => c,
             Err(e) => return call_done(done, Err(e)),
@@ -288,5 +293,6 @@ fn run<B: Backend>(shared: Arc<Shared>, mut backend: B) {
             }
         }
         batch.clear();
+        backend.after_batch();
     }
 }
