@@ -462,7 +462,7 @@ impl Gateway {
                 json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
             );
             if let Ok(mut t) = self.table.lock() {
-                t.finish(inv_id, &outcome, now_ms());
+                t.finish(inv_id, outcome, now_ms(), false);
             }
             return Err(RestError::new(
                 Code::EvidenceUnavailable,
@@ -512,29 +512,26 @@ impl Gateway {
             Outcome::Error(e) => Some(json!({"status": "rejected", "error": e})),
             Outcome::Receipt(_) => None,
         };
-        self.finish(&inv_id, &outcome);
+        self.finish(&inv_id, outcome);
         rejected
     }
 
-    fn finish(&self, inv_id: &str, outcome: &Outcome) {
-        let Some(info) = self
-            .table
-            .lock()
-            .ok()
-            .and_then(|mut t| t.finish(inv_id, outcome, now_ms()))
-        else {
-            return;
-        };
+    fn finish(&self, inv_id: &str, outcome: Outcome) {
         // A dispatched command's receipt is durable under its command_id
         // (the kernel's receipts table), where a restart finds it through the
         // accepted record: nothing more to write. A refusal is evidence but
         // never the stored outcome of its id, so the invocation keeps it, as
         // does one whose receipt could not be made durable.
-        let stored_by_kernel = matches!(outcome, Outcome::Receipt(r)
+        let stored_by_kernel = matches!(&outcome, Outcome::Receipt(r)
             if r["status"] != "rejected" && r.get("x-tether").is_none());
-        if stored_by_kernel {
+        let finished = self
+            .table
+            .lock()
+            .ok()
+            .and_then(|mut t| t.finish(inv_id, outcome, now_ms(), !stored_by_kernel));
+        let Some(Some(info)) = finished else {
             return;
-        }
+        };
         // Queued, not awaited: the answer does not depend on it.
         self.kernel.store().submit(
             Commit {

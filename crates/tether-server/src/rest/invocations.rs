@@ -66,15 +66,23 @@ impl Table {
         self.by_id.get_mut(id)
     }
 
-    /// Marks an invocation finished with its outcome; evicts the oldest
-    /// finished ones beyond [`FINISHED_MAX`].
-    pub fn finish(&mut self, id: &str, outcome: &Outcome, finished_at_ms: u64) -> Option<Value> {
+    /// Marks an invocation finished with its outcome (moved into the
+    /// record); evicts the oldest finished ones beyond [`FINISHED_MAX`].
+    /// Answers a copy of the finished record when `copy` asks for one (the
+    /// caller must record it), `None` when it was not pending.
+    pub fn finish(
+        &mut self,
+        id: &str,
+        outcome: Outcome,
+        finished_at_ms: u64,
+        copy: bool,
+    ) -> Option<Option<Value>> {
         let inv = self.by_id.get_mut(id)?;
         if !inv.pending() {
             return None;
         }
         outcome.apply(&mut inv.info, finished_at_ms);
-        let info = inv.info.clone();
+        let info = copy.then(|| inv.info.clone());
         self.pending = self.pending.saturating_sub(1);
         self.finished_order.push_back(id.to_owned());
         while self.finished_order.len() > FINISHED_MAX {
@@ -95,17 +103,17 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    fn apply(&self, info: &mut Value, finished_at_ms: u64) {
+    fn apply(self, info: &mut Value, finished_at_ms: u64) {
         match self {
             Outcome::Receipt(r) => {
                 info["status"] = r["status"].clone();
-                info["receipt"] = r.clone();
                 info["error"] = r["error"].clone();
+                info["receipt"] = r;
             }
             Outcome::Error(e) => {
                 info["status"] = json!("rejected");
                 info["receipt"] = Value::Null;
-                info["error"] = e.clone();
+                info["error"] = e;
             }
         }
         info["finished_at_ms"] = json!(finished_at_ms);
@@ -171,9 +179,14 @@ mod tests {
             assert!(t.insert(format!("inv_{i}"), pending("x")));
         }
         assert!(!t.insert("one_more".into(), pending("x")));
-        let done = Outcome::Receipt(json!({"status": "completed", "error": null}));
-        assert!(t.finish("inv_0", &done, 1).is_some());
-        assert!(t.finish("inv_0", &done, 2).is_none(), "finishes once");
+        let done = || Outcome::Receipt(json!({"status": "completed", "error": null}));
+        assert!(t
+            .finish("inv_0", done(), 1, true)
+            .is_some_and(|c| c.is_some()));
+        assert!(
+            t.finish("inv_0", done(), 2, true).is_none(),
+            "finishes once"
+        );
         assert!(t.insert("one_more".into(), pending("x")));
     }
 
