@@ -149,26 +149,6 @@ const WRITER_AUTOCHECKPOINT_PAGES: i64 = 65_536;
 /// How often the checkpointer copies the WAL back into the database.
 const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// WAL size, in frames, past which the checkpointer asks the writer to finish
-/// a checkpoint itself so the WAL can start over (see [`WalRestart`]).
-const WAL_RESTART_FRAMES: i64 = 1024;
-/// A WAL file larger than this is truncated back to it when the WAL starts
-/// over, so one burst (or a long-lived reader) does not keep a huge file.
-const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
-
-/// Shared between the checkpointer and the writer.
-///
-/// SQLite starts the WAL over (writes from its beginning again) only when a
-/// write transaction begins with every frame already copied into the
-/// database. Under continuous load the background checkpointer never gets
-/// there: the writer appends while it copies. The WAL would then grow for as
-/// long as the load lasts, every write extending the file (block allocation,
-/// a costlier fsync) instead of overwriting pages already on disk. So once the
-/// WAL is past [`WAL_RESTART_FRAMES`], the checkpointer raises this flag and
-/// the writer, between two batches, copies the few frames written since; its
-/// next transaction then starts the WAL over.
-type WalRestart = std::sync::Arc<std::sync::atomic::AtomicBool>;
-
 /// A thread with its own connection that runs passive checkpoints, which
 /// never block the writer.
 struct Checkpointer {
@@ -177,14 +157,14 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
-    fn spawn(path: &Path, restart: WalRestart) -> Result<Self, StoreError> {
+    fn spawn(path: &Path) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         let stop = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("tether-store-ckpt".into())
-            .spawn(move || checkpoint_loop(&conn, &flag, &restart))
+            .spawn(move || checkpoint_loop(&conn, &flag))
             .map_err(|e| StoreError::Io(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Self {
             stop,
@@ -193,11 +173,7 @@ impl Checkpointer {
     }
 }
 
-fn checkpoint_loop(
-    conn: &Connection,
-    stop: &(Mutex<bool>, std::sync::Condvar),
-    restart: &WalRestart,
-) {
+fn checkpoint_loop(conn: &Connection, stop: &(Mutex<bool>, std::sync::Condvar)) {
     let (lock, cv) = stop;
     let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
     // Runs until the store is dropped; each round waits at most one interval.
@@ -212,12 +188,7 @@ fn checkpoint_loop(
         drop(stopped);
         // A failed passive checkpoint is retried next round; the WAL keeps
         // every committed frame meanwhile, so nothing is lost.
-        let wal_frames: Option<i64> = conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
-            .ok();
-        if wal_frames.is_some_and(|n| n >= WAL_RESTART_FRAMES) {
-            restart.store(true, std::sync::atomic::Ordering::Release);
-        }
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
         stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
     }
 }
@@ -274,7 +245,6 @@ impl SqliteStore {
         // the e-stop's latch write behind it. The writer's own automatic
         // checkpoint stays only as a backstop should that thread be gone.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
-        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
         conn.set_prepared_statement_cache_capacity(32);
         migrate(&mut conn)?;
         let head = load_head(&conn)?;
@@ -288,15 +258,14 @@ impl SqliteStore {
         reader.pragma_update(None, "query_only", true)?;
         reader.set_prepared_statement_cache_capacity(32);
 
-        let restart = WalRestart::default();
         let backend = SqliteBackend {
             conn,
             head,
             scratch: String::with_capacity(256),
-            restart: restart.clone(),
+            batch_revisions: std::collections::HashMap::new(),
         };
         let writer = Writer::spawn(backend, "tether-store-writer")?;
-        let checkpointer = Checkpointer::spawn(&path, restart)?;
+        let checkpointer = Checkpointer::spawn(&path)?;
         Ok(SqliteStore {
             writer,
             reader: Mutex::new(reader),
@@ -422,26 +391,13 @@ struct SqliteBackend {
     head: Head,
     /// Reused buffer for sealing entries.
     scratch: String,
-    /// Raised by the checkpointer: finish a checkpoint between batches.
-    restart: WalRestart,
+    /// Highest revision per `(device_id, resource)` among the batch's
+    /// commits so far (only those that succeeded alone).
+    batch_revisions: std::collections::HashMap<(String, String), u64>,
 }
 
 impl Backend for SqliteBackend {
     const KEEPS_RECEIPT_DOCUMENTS: bool = false;
-
-    fn after_batch(&mut self) {
-        if self
-            .restart
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
-            // Copies only what was written since the checkpointer's last
-            // round. A failure (a reader holding an old snapshot) leaves the
-            // WAL as it is; the checkpointer asks again next round.
-            let _ = self
-                .conn
-                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-        }
-    }
 
     fn apply_batch(
         &mut self,
@@ -473,11 +429,30 @@ impl SqliteBackend {
         // race with another process appending.
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         self.reconcile_head()?;
+        self.batch_revisions.clear();
         for job in batch {
             let r = self.apply_one(job, ts_ms)?;
             results.push(r);
         }
+        self.write_batch_revisions()?;
         self.conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(())
+    }
+
+    /// The batch's revisions, one upsert per resource.
+    fn write_batch_revisions(&mut self) -> Result<(), StoreError> {
+        if self.batch_revisions.is_empty() {
+            return Ok(());
+        }
+        let mut upsert = self.conn.prepare_cached(
+            // Another process may have written a higher one: keep the highest.
+            "INSERT INTO revisions(device_id, resource, revision) VALUES (?1, ?2, ?3)
+             ON CONFLICT(device_id, resource) DO UPDATE SET revision = MAX(revision, excluded.revision)",
+        )?;
+        for ((device_id, resource), revision) in self.batch_revisions.drain() {
+            // prepare() checked the range, so the conversion cannot fail.
+            upsert.execute(params![device_id, resource, seq_to_db(revision)?])?;
+        }
         Ok(())
     }
 
@@ -582,17 +557,14 @@ impl SqliteBackend {
                 ])?;
             }
         }
-        if !c.revisions.is_empty() {
-            let mut upsert = self.conn.prepare_cached(
-                // Revisions are minted by an atomic increment and concurrent
-                // commits may land out of order: keep the highest.
-                "INSERT INTO revisions(device_id, resource, revision) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(device_id, resource) DO UPDATE SET revision = MAX(revision, excluded.revision)",
-            )?;
-            for r in &c.revisions {
-                // prepare() checked the range, so the conversion cannot fail.
-                upsert.execute(params![&r.device_id, &r.resource, seq_to_db(r.revision)?])?;
-            }
+        // Revisions only ever rise (the highest wins), so a batch's are
+        // gathered and written once per resource before COMMIT.
+        for r in &c.revisions {
+            let slot = self
+                .batch_revisions
+                .entry((r.device_id.clone(), r.resource.clone()))
+                .or_insert(0);
+            *slot = (*slot).max(r.revision);
         }
         if !c.latches.is_empty() {
             let mut upsert = self.conn.prepare_cached(

@@ -54,11 +54,6 @@ pub(crate) trait Backend: Send + 'static {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError>;
-
-    /// Housekeeping between batches, after every caller of the last one was
-    /// answered (e.g. finishing a WAL checkpoint). Must stay short: the next
-    /// batch waits for it.
-    fn after_batch(&mut self) {}
 }
 
 /// A queued commit and its callback.
@@ -293,6 +288,5 @@ fn run<B: Backend>(shared: Arc<Shared>, mut backend: B) {
             }
         }
         batch.clear();
-        backend.after_batch();
     }
 }
