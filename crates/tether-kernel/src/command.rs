@@ -527,6 +527,9 @@ impl Kernel {
     ) -> Result<Value, ApiError> {
         let t0 = Instant::now();
         let accepted_at_ms = now_ms();
+        // An id the endpoint mints is new by construction (a ULID: time plus
+        // 80 random bits), so step 4 needs no look-up in the store for it.
+        let minted_id = req.command_id.is_none();
         let command_id = match &req.command_id {
             Some(raw) => CommandId::parse(raw)
                 .map_err(|e| {
@@ -649,7 +652,12 @@ impl Kernel {
             new_approval: std::sync::OnceLock::new(),
         };
         // Step 4: idempotency.
-        match self.begin_idempotent(&ctx.command_id, &ctx.key) {
+        let begin = if minted_id {
+            self.claim_minted(&ctx.command_id, &ctx.key)
+        } else {
+            self.begin_idempotent(&ctx.command_id, &ctx.key)
+        };
+        match begin {
             Ok(None) => {}
             Ok(Some(replay)) => return Ok(replay),
             Err(reason) => {
@@ -786,6 +794,20 @@ impl Kernel {
                 // A check that cannot be evaluated refuses.
                 Err(_) => Err("store_unavailable"),
             },
+        }
+    }
+
+    /// Step 4 for an id this endpoint just minted: nothing can hold it yet,
+    /// so it is claimed without asking the store (which an index that has
+    /// evicted entries would otherwise do for every command).
+    fn claim_minted(&self, command_id: &str, digest: &str) -> Result<Option<Value>, &'static str> {
+        let Ok(mut ix) = self.inner.idem.lock() else {
+            return Err("index_unavailable");
+        };
+        if ix.claim(command_id, digest) {
+            Ok(None)
+        } else {
+            Err("in_flight")
         }
     }
 

@@ -141,6 +141,10 @@ fn manifest() -> Vec<ManifestSource> {
 }
 
 async fn rig_with(overlay: Option<&str>, store: Arc<dyn Store>) -> Rig {
+    rig_configured(overlay, store, KernelConfig::standard("test")).await
+}
+
+async fn rig_configured(overlay: Option<&str>, store: Arc<dyn Store>, config: KernelConfig) -> Rig {
     let ov = overlay.map(|t| OverlaySource {
         origin: "site-limits.json".into(),
         text: t.into(),
@@ -150,7 +154,7 @@ async fn rig_with(overlay: Option<&str>, store: Arc<dyn Store>) -> Rig {
     *driver.guard.lock().expect("guard") = Some(InterlockState::Closed);
     let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
     drivers.insert("rig-1".into(), driver.clone());
-    let kernel = Kernel::new(KernelConfig::standard("test"), cell, drivers, store).expect("kernel");
+    let kernel = Kernel::new(config, cell, drivers, store).expect("kernel");
     let p = Principal::local_agent();
     let session = kernel
         .session_open(&p, SessionOpen::default())
@@ -757,4 +761,37 @@ async fn a_replay_answers_the_same_document_before_and_after_a_restart() {
     same["replayed"] = json!(false);
     assert_eq!(same, first, "a replay after a restart");
     assert_eq!(rig.calls(), 0, "a replay never reaches the driver");
+}
+
+#[tokio::test]
+async fn a_minted_command_id_needs_no_store_lookup_even_past_the_index_capacity() {
+    let store = Arc::new(tether_store::faulty::FaultyStore::new(Arc::new(
+        MemoryStore::new(),
+    )));
+    let mut config = KernelConfig::standard("test");
+    // One entry: the index is incomplete from the second command on.
+    config.idempotency_cache_max = 1;
+    let rig = rig_configured(None, store.clone(), config).await;
+    for amount in [1, 2, 3] {
+        let r = rig
+            .run(rig.req("x-cap.test.dose.v1", json!({"amount": amount})))
+            .await;
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    assert_eq!(
+        store.receipt_reads.load(Ordering::SeqCst),
+        0,
+        "ids the endpoint minted are new: no look-up"
+    );
+    // A caller's id on an incomplete index is looked up, and replays.
+    let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 4}));
+    req.command_id = Some("01CALLERSUPPLIEDID00000000".into());
+    let first = rig.run(req.clone()).await;
+    assert_eq!(first["status"], "completed", "{first}");
+    assert!(store.receipt_reads.load(Ordering::SeqCst) >= 1);
+    rig.run(rig.req("x-cap.test.dose.v1", json!({"amount": 5})))
+        .await;
+    let again = rig.run(req).await;
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["receipt_id"], first["receipt_id"]);
 }

@@ -21,6 +21,8 @@ pub struct FaultyStore {
     pub fail_reads: AtomicBool,
     /// Commits refused so far.
     pub refused_commits: AtomicU64,
+    /// Receipt look-ups by `command_id` so far (failed ones included).
+    pub receipt_reads: AtomicU64,
 }
 
 impl FaultyStore {
@@ -31,6 +33,7 @@ impl FaultyStore {
             fail_writes: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
             refused_commits: AtomicU64::new(0),
+            receipt_reads: AtomicU64::new(0),
         }
     }
 
@@ -52,6 +55,7 @@ impl Store for FaultyStore {
         self.inner.submit_ref(commit, done);
     }
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
+        self.receipt_reads.fetch_add(1, Ordering::SeqCst);
         self.read_check()?;
         self.inner.receipt(command_id)
     }
