@@ -459,14 +459,8 @@ impl Kernel {
 
     /// Commits and waits (asynchronously) until durable.
     pub(crate) async fn commit(&self, commit: Commit) -> Result<CommitAck, StoreError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.store.submit(
-            commit,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        rx.await.unwrap_or(Err(StoreError::Closed))
+        // Serialised from a borrow either way; the commit is dropped here.
+        self.commit_ref(&commit).await
     }
 
     /// [`Kernel::commit`] for a commit the caller still needs afterwards (it

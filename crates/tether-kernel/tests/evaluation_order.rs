@@ -725,41 +725,43 @@ fn json_manifests_load_like_toml_and_refuse_duplicate_keys() {
     assert!(err[0].to_string().contains("duplicate key"), "{}", err[0]);
 }
 
+/// The dose command of the replay test, always under the same id.
+fn replayable_dose(rig: &Rig) -> CommandRequest {
+    let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 3.0}));
+    req.command_id = Some("01REPLAYSAMEDOCUMENT000000".into());
+    req
+}
+
+/// A replay's answer with its `replayed` flag put back to the first answer's.
+fn as_first_answer(replay: &Value) -> Value {
+    let mut same = replay.clone();
+    same["replayed"] = json!(false);
+    same
+}
+
 #[tokio::test]
 async fn a_replay_answers_the_same_document_before_and_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let id = "01REPLAYSAMEDOCUMENT000000";
+    let sqlite = || Arc::new(SqliteStore::open(dir.path()).expect("store"));
     let first = {
-        let rig = rig_with(
-            None,
-            Arc::new(SqliteStore::open(dir.path()).expect("store")),
-        )
-        .await;
+        let rig = rig_with(None, sqlite()).await;
         // A whole float in the output: recorded, and read back, as 3.
-        let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 3.0}));
-        req.command_id = Some(id.into());
-        let first = rig.run(req.clone()).await;
+        let first = rig.run(replayable_dose(&rig)).await;
         assert_eq!(first["status"], "completed", "{first}");
         assert_eq!(first["replayed"], false);
-        let again = rig.run(req).await;
+        let again = rig.run(replayable_dose(&rig)).await;
         assert_eq!(again["replayed"], true, "{again}");
-        let mut same = again.clone();
-        same["replayed"] = json!(false);
-        assert_eq!(same, first, "a replay in the same process");
+        assert_eq!(
+            as_first_answer(&again),
+            first,
+            "a replay in the same process"
+        );
         first
     };
-    let rig = rig_with(
-        None,
-        Arc::new(SqliteStore::open(dir.path()).expect("store")),
-    )
-    .await;
-    let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 3.0}));
-    req.command_id = Some(id.into());
-    let after = rig.run(req).await;
+    let rig = rig_with(None, sqlite()).await;
+    let after = rig.run(replayable_dose(&rig)).await;
     assert_eq!(after["replayed"], true, "{after}");
-    let mut same = after.clone();
-    same["replayed"] = json!(false);
-    assert_eq!(same, first, "a replay after a restart");
+    assert_eq!(as_first_answer(&after), first, "a replay after a restart");
     assert_eq!(rig.calls(), 0, "a replay never reaches the driver");
 }
 
