@@ -23,7 +23,11 @@ fn main() {
         .collect();
     let callers = args.first().copied().unwrap_or(64);
     let per_caller = args.get(1).copied().unwrap_or(1500);
+    // DURABLE_LOAD_KEEP=1 leaves the state directory behind (its path is printed) to inspect.
     let dir = tempfile::tempdir().expect("tempdir");
+    if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
+        eprintln!("state directory kept: {}", dir.path().display());
+    }
     let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
     let drivers =
         tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
@@ -123,11 +127,12 @@ fn main() {
     }
     let stats = store.stats();
     println!(
-        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={}",
+        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={}",
         stats.batches,
         stats.commits,
         stats.commits as f64 / stats.batches.max(1) as f64,
-        stats.largest_batch
+        stats.largest_batch,
+        stats.idle_waits
     );
     println!(
         "FIGURE estop_under_load_ms p50={:.2} max={:.2} (n={})",
@@ -135,6 +140,11 @@ fn main() {
         e[e.len() - 1],
         e.len()
     );
+    if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
+        drop(k);
+        drop(store);
+        let _kept = dir.keep();
+    }
 }
 
 /// User + system CPU time of this process so far (Linux: /proc/self/stat;

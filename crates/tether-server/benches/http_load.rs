@@ -24,7 +24,7 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 
 fn main() {
     let (clients, seconds) = support::args();
-    let (_dir, _store, kernel) = support::durable_kernel("http-load");
+    let (_dir, store, kernel) = support::durable_kernel("http-load");
     support::runtime().block_on(async move {
         let addr = support::serve(kernel).await;
         let mut c = Client::connect(addr).await;
@@ -40,8 +40,17 @@ fn main() {
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
                     let t = 20.0 + ((i + n) % 60) as f64;
-                    let r = c.call("mhs.command", json!({"session_id": sid, "device_id": "thermostat-1", "capability_id": "cap.thermal.setpoint.v1", "input": {"target_temperature": t}})).await;
-                    if r["result"]["status"] == "completed" {
+                    let id = c.next_id();
+                    let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"mhs.command","params":{{"session_id":"{sid}","device_id":"thermostat-1","capability_id":"cap.thermal.setpoint.v1","input":{{"target_temperature":{t}}}}}}}"#);
+                    let (status, r) = c.request_bytes("POST", "/rpc", &body).await;
+                    let completed = if n.is_multiple_of(support::FULL_CHECK_EVERY) {
+                        let v: serde_json::Value = serde_json::from_slice(&r).expect("json");
+                        assert_eq!(v["id"], id, "{v}");
+                        v["result"]["status"] == "completed"
+                    } else {
+                        support::contains(&r, br#""status":"completed""#)
+                    };
+                    if status == 200 && completed {
                         done.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -50,6 +59,8 @@ fn main() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let start_count = done.load(Ordering::Relaxed);
         let t0 = Instant::now();
+        let cpu0 = support::process_cpu_seconds();
+        let stats0 = store.stats();
         // E-stops under load: answer latency (latch durable) on relay-1, and
         // request-to-abort of an in-flight arm motion.
         let mut answer_ms = Vec::new();
@@ -82,11 +93,16 @@ fn main() {
         }
         let elapsed = t0.elapsed().as_secs_f64();
         let total = done.load(Ordering::Relaxed) - start_count;
+        let cpu1 = support::process_cpu_seconds();
+        let stats1 = store.stats();
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             let _ = t.await;
         }
         println!("FIGURE http_jsonrpc_load clients={clients} seconds={elapsed:.1} commands={total} commands_per_s={:.0}", total as f64 / elapsed);
+        support::print_cpu("http_jsonrpc_load_cpu", (cpu0, cpu1), total, elapsed);
+        let (batches, commits) = (stats1.batches - stats0.batches, stats1.commits - stats0.commits);
+        println!("FIGURE http_jsonrpc_load_batches batches={batches} commits={commits} commits_per_batch={:.1} batch_cycle_ms={:.2} writer_idle_waits={}", commits as f64 / batches.max(1) as f64, elapsed * 1000.0 / batches.max(1) as f64, stats1.idle_waits - stats0.idle_waits);
         println!("FIGURE http_estop_answer_ms_under_load n={} p50={:.2} p99={:.2}", answer_ms.len(), pct(&mut answer_ms, 0.5), pct(&mut answer_ms, 0.99));
         println!("FIGURE http_estop_abort_ms_under_load n={} p50={:.2} p99={:.2}", abort_ms.len(), pct(&mut abort_ms, 0.5), pct(&mut abort_ms, 0.99));
     });

@@ -43,7 +43,9 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
-        v.to_string(),
+        // Straight into bytes: `to_string` would go through `Display` and
+        // the formatting machinery, a measurable cost on every answer.
+        crate::json_bytes(v),
     )
         .into_response()
 }

@@ -20,5 +20,31 @@ pub mod rpc;
 pub mod stdio;
 pub mod tools;
 
+/// The compact JSON text of an answer, as bytes.
+///
+/// Serialising a `Value` cannot fail (its keys are strings); should that ever
+/// change, the answer is a JSON-RPC internal error rather than a panic.
+pub(crate) fn json_bytes(v: &serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "an answer could not be serialised");
+        br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"answer could not be serialised"}}"#
+            .to_vec()
+    })
+}
+
 /// Largest request accepted by any surface, bytes.
 pub const REQUEST_BYTES_MAX: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::json_bytes;
+    use serde_json::json;
+
+    #[test]
+    fn answers_serialise_to_the_same_text_as_display() {
+        let v = json!({"a": [1, 2.5, null, true], "s": "quote \" slash \\ tab \t é \u{1F600}", "n": {"x": -0.0}});
+        assert_eq!(json_bytes(&v), v.to_string().into_bytes());
+        let back: serde_json::Value = serde_json::from_slice(&json_bytes(&v)).expect("json");
+        assert_eq!(back, v);
+    }
+}

@@ -80,9 +80,9 @@ where
     let (tx, mut rx) = mpsc::channel::<Value>(OUTBOX_DEPTH_MAX);
     let writer_task = tokio::spawn(async move {
         while let Some(v) = rx.recv().await {
-            let mut line = v.to_string();
-            line.push('\n');
-            writer.write_all(line.as_bytes()).await?;
+            let mut line = crate::json_bytes(&v);
+            line.push(b'\n');
+            writer.write_all(&line).await?;
             writer.flush().await?;
         }
         Ok::<(), std::io::Error>(())

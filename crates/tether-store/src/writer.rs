@@ -33,6 +33,8 @@ pub struct WriterStats {
     pub failed_batches: u64,
     /// Largest number of commits in one batch.
     pub largest_batch: u64,
+    /// Times the writer found the queue empty and slept until a commit came.
+    pub idle_waits: u64,
 }
 
 /// A storage engine driven by the writer thread.
@@ -102,6 +104,7 @@ struct Shared {
     commits: AtomicU64,
     failed_batches: AtomicU64,
     largest_batch: AtomicU64,
+    idle_waits: AtomicU64,
 }
 
 impl Shared {
@@ -134,6 +137,7 @@ impl Writer {
             commits: AtomicU64::new(0),
             failed_batches: AtomicU64::new(0),
             largest_batch: AtomicU64::new(0),
+            idle_waits: AtomicU64::new(0),
         })
     }
 
@@ -196,6 +200,7 @@ impl Writer {
             commits: s.commits.load(Ordering::Relaxed),
             failed_batches: s.failed_batches.load(Ordering::Relaxed),
             largest_batch: s.largest_batch.load(Ordering::Relaxed),
+            idle_waits: s.idle_waits.load(Ordering::Relaxed),
         }
     }
 }
@@ -247,6 +252,9 @@ fn run<B: Backend>(shared: Arc<Shared>, mut backend: B) {
             let mut q = shared.lock();
             // Park until there is work; exit once shutdown is requested and
             // the queue is drained.
+            if q.jobs.is_empty() && !q.closing {
+                shared.idle_waits.fetch_add(1, Ordering::Relaxed);
+            }
             while q.jobs.is_empty() {
                 if q.closing {
                     return;

@@ -3,6 +3,9 @@
 //! keep-alive HTTP/1.1 client (no client library, so the client's own cost
 //! stays small and visible).
 
+// Each bench uses part of this module.
+#![allow(dead_code)]
+
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -78,6 +81,14 @@ impl Client {
 
     /// One request; the answer's status and JSON body.
     pub async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let (status, buf) = self.request_bytes(method, path, body).await;
+        (status, serde_json::from_slice(&buf).expect("json"))
+    }
+
+    /// One request; the answer's status and raw body. Load loops use it to
+    /// check answers without building a JSON tree for each (as a load tool
+    /// such as wrk does), and parse a sample of them fully.
+    pub async fn request_bytes(&mut self, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {
         // Head and body in one write, as real clients send a small request:
         // two writes on a no-delay socket make two segments and wake the
         // server twice for one request.
@@ -109,7 +120,7 @@ impl Client {
         }
         let mut buf = vec![0u8; len];
         self.conn.read_exact(&mut buf).await.expect("body");
-        (status, serde_json::from_slice(&buf).expect("json"))
+        (status, buf)
     }
 
     /// One JSON-RPC call on `/rpc`; the whole answer object.
@@ -119,5 +130,60 @@ impl Client {
             json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
                 .to_string();
         self.request("POST", "/rpc", &body).await.1
+    }
+
+    /// The next JSON-RPC request id.
+    pub fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+}
+
+/// Whether `hay` contains `needle` (answers are a few hundred bytes).
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The string value of the first `"key":"…"` member in a compact JSON text.
+pub fn string_member<'a>(text: &'a [u8], key: &str) -> Option<&'a str> {
+    let pat = format!("\"{key}\":\"");
+    let start = text.windows(pat.len()).position(|w| w == pat.as_bytes())? + pat.len();
+    let len = text[start..].iter().position(|&b| b == b'"')?;
+    std::str::from_utf8(&text[start..start + len]).ok()
+}
+
+/// One answer in this many is parsed in full and checked field by field.
+pub const FULL_CHECK_EVERY: u64 = 64;
+
+/// User + system CPU time of this process so far (Linux: /proc/self/stat;
+/// `None` elsewhere). Clock ticks are taken as 100 per second, the value on
+/// every mainstream Linux build. Throughput on a shared 2-core machine swings
+/// by ±20% between runs; CPU per command is the steadier figure to compare.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// Prints the CPU figure for `commands` done in `elapsed` seconds, the
+/// process's CPU time going from `cpu0` to `cpu1`.
+pub fn print_cpu(
+    name: &str,
+    (cpu0, cpu1): (Option<f64>, Option<f64>),
+    commands: u64,
+    elapsed: f64,
+) {
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        let cpu = b - a;
+        println!(
+            "FIGURE {name} cpu_seconds={cpu:.2} cpu_us_per_command={:.1} cores_busy={:.2} (clients and server together)",
+            cpu * 1e6 / commands.max(1) as f64,
+            cpu / elapsed
+        );
     }
 }
