@@ -3,7 +3,9 @@
 //! the e-stop latency measured while that load runs.
 //!
 //! Run: `cargo bench -p tether-kernel --bench durable_load` (optionally
-//! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines for the docs.
+//! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines for the docs. The
+//! same load then runs on the in-memory store (no SQLite, no sync), and the
+//! ratio of the two is printed: what the disk costs, measured in one run.
 
 use serde_json::json;
 
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use tether_kernel::{
     CommandRequest, EstopRequest, Kernel, KernelConfig, Principal, ResetRequest, SessionOpen,
 };
-use tether_store::SqliteStore;
+use tether_store::{MemoryStore, SqliteStore, Store};
 
 fn main() {
     let args: Vec<u64> = std::env::args()
@@ -28,12 +30,93 @@ fn main() {
     if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
         eprintln!("state directory kept: {}", dir.path().display());
     }
+    // DURABLE_LOAD_MEMORY_ONLY=1 runs only the in-memory half (to profile the
+    // kernel's own path).
+    if std::env::var_os("DURABLE_LOAD_MEMORY_ONLY").is_some() {
+        run_load(Arc::new(MemoryStore::new()), callers, per_caller).print("memory_load", callers);
+        return;
+    }
+    let sqlite = Arc::new(SqliteStore::open(dir.path()).expect("store"));
+    let durable = run_load(sqlite.clone(), callers, per_caller);
+    let stats = sqlite.stats();
+    durable.print("durable_load", callers);
+    println!(
+        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={}",
+        stats.batches,
+        stats.commits,
+        stats.commits as f64 / stats.batches.max(1) as f64,
+        stats.largest_batch,
+        stats.idle_waits
+    );
+    drop(sqlite);
+    if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
+        let _kept = dir.keep();
+    }
+    // The same load on the in-memory store, in the same run: the same
+    // kernel, writer thread and hand-offs, no SQLite and no sync. The ratio
+    // says how much of the ceiling the disk takes, on this machine, today.
+    let memory = run_load(Arc::new(MemoryStore::new()), callers, per_caller);
+    memory.print("memory_load", callers);
+    println!(
+        "FIGURE durable_vs_memory throughput_ratio={:.2} cpu_ratio={:.2}",
+        durable.per_second() / memory.per_second().max(f64::MIN_POSITIVE),
+        durable.cpu_us_per_command().unwrap_or(f64::NAN)
+            / memory.cpu_us_per_command().unwrap_or(f64::NAN)
+    );
+}
+
+/// What one load run measured.
+struct Load {
+    completed: u64,
+    seconds: f64,
+    cpu_seconds: Option<f64>,
+    estop_ms: Vec<f64>,
+}
+
+impl Load {
+    fn per_second(&self) -> f64 {
+        self.completed as f64 / self.seconds
+    }
+
+    fn cpu_us_per_command(&self) -> Option<f64> {
+        self.cpu_seconds
+            .map(|c| c * 1e6 / self.completed.max(1) as f64)
+    }
+
+    fn print(&self, name: &str, callers: u64) {
+        println!(
+            "FIGURE {name} callers={callers} commands={} seconds={:.2} commands_per_s={:.0}",
+            self.completed,
+            self.seconds,
+            self.per_second()
+        );
+        // CPU time per command is steadier than wall-clock throughput on a
+        // shared machine: it tells whether a change made the path cheaper.
+        if let (Some(cpu), Some(per)) = (self.cpu_seconds, self.cpu_us_per_command()) {
+            println!(
+                "FIGURE {name}_cpu cpu_seconds={cpu:.2} cpu_us_per_command={per:.1} cores_busy={:.2}",
+                cpu / self.seconds
+            );
+        }
+        let mut e = self.estop_ms.clone();
+        e.sort_by(f64::total_cmp);
+        if let (Some(mid), Some(max)) = (e.get(e.len() / 2), e.last()) {
+            println!(
+                "FIGURE {name}_estop_under_load_ms p50={mid:.2} max={max:.2} (n={})",
+                e.len()
+            );
+        }
+    }
+}
+
+/// `callers` tasks each send `per_caller` setpoint commands through a kernel
+/// on the built-in cell and `store`; meanwhile 20 e-stops of `relay-1` are
+/// timed.
+fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
     let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
     let drivers =
         tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
-    let k =
-        Kernel::new(KernelConfig::standard("load"), cell, drivers, store.clone()).expect("kernel");
+    let k = Kernel::new(KernelConfig::standard("load"), cell, drivers, store).expect("kernel");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -111,39 +194,15 @@ fn main() {
         }
         (total, estop_ms)
     });
-    let secs = started.elapsed().as_secs_f64();
-    let cpu = process_cpu_seconds().zip(cpu_before).map(|(a, b)| a - b);
-    let mut e = estop_ms.clone();
-    e.sort_by(f64::total_cmp);
-    println!("FIGURE durable_load callers={callers} commands={completed} seconds={secs:.2} commands_per_s={:.0}", completed as f64 / secs);
-    // CPU time per command is steadier than wall-clock throughput on a
-    // shared machine: it tells whether a change made the path cheaper.
-    if let Some(cpu) = cpu {
-        println!(
-            "FIGURE durable_load_cpu cpu_seconds={cpu:.2} cpu_us_per_command={:.1} cores_busy={:.2}",
-            cpu * 1e6 / completed.max(1) as f64,
-            cpu / secs
-        );
-    }
-    let stats = store.stats();
-    println!(
-        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={}",
-        stats.batches,
-        stats.commits,
-        stats.commits as f64 / stats.batches.max(1) as f64,
-        stats.largest_batch,
-        stats.idle_waits
-    );
-    println!(
-        "FIGURE estop_under_load_ms p50={:.2} max={:.2} (n={})",
-        e[e.len() / 2],
-        e[e.len() - 1],
-        e.len()
-    );
-    if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
-        drop(k);
-        drop(store);
-        let _kept = dir.keep();
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = process_cpu_seconds().zip(cpu_before).map(|(a, b)| a - b);
+    drop(k);
+    drop(rt);
+    Load {
+        completed,
+        seconds,
+        cpu_seconds,
+        estop_ms,
     }
 }
 

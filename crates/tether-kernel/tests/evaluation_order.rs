@@ -87,6 +87,9 @@ struct TestDriver {
     guard: Mutex<Option<InterlockState>>,
     bad_output: AtomicBool,
     slow_ms: AtomicUsize,
+    /// Panic inside the call: after the slow wait, if any (so either in the
+    /// call's first poll or in a later one).
+    panics: AtomicBool,
 }
 
 impl Driver for TestDriver {
@@ -102,6 +105,9 @@ impl Driver for TestDriver {
                     () = tokio::time::sleep(Duration::from_millis(slow)) => {}
                     () = cancel.cancelled() => return Err(Signal::Cancelled),
                 }
+            }
+            if self.panics.load(Ordering::SeqCst) {
+                panic!("test driver panics on purpose");
             }
             if self.bad_output.load(Ordering::SeqCst) {
                 return Ok(json!({"unexpected": true}));
@@ -457,6 +463,29 @@ async fn output_that_breaks_the_output_schema_fails_the_receipt() {
         .await;
     assert_eq!(r["status"], "failed");
     assert_eq!(r["error"]["mhs_code"], "MHS.ADAPTER.OUTPUT_INVALID");
+}
+
+#[tokio::test]
+async fn a_driver_that_panics_fails_its_receipt_and_the_kernel_goes_on() {
+    let rig = rig().await;
+    rig.driver.panics.store(true, Ordering::SeqCst);
+    // At its first poll (an instant call), then at a later poll (a call that
+    // waited first): both end as a failed receipt naming the panic.
+    for slow in [0, 30] {
+        rig.driver.slow_ms.store(slow, Ordering::SeqCst);
+        let r = rig
+            .run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
+            .await;
+        assert_eq!(r["status"], "failed", "slow {slow}: {r}");
+        assert_eq!(r["error"]["mhs_code"], "MHS.ADAPTER.DRIVER_FAILED", "{r}");
+        assert_eq!(r["error"]["details"]["reason"], "driver_panicked", "{r}");
+    }
+    rig.driver.panics.store(false, Ordering::SeqCst);
+    rig.driver.slow_ms.store(0, Ordering::SeqCst);
+    let r = rig
+        .run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
+        .await;
+    assert_eq!(r["status"], "completed", "{r}");
 }
 
 #[tokio::test]
