@@ -72,15 +72,24 @@ pub(crate) struct Resolver<'s> {
     root: &'s Value,
 }
 
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
+/// A JSON Pointer reference token (RFC 6901): `~` as `~0`, `/` as `~1`.
+/// Borrowed when there is nothing to escape, the common case: the limits
+/// step walks the schema on every command.
+fn escape(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.contains(['~', '/']) {
+        std::borrow::Cow::Owned(key.replace('~', "~0").replace('/', "~1"))
+    } else {
+        std::borrow::Cow::Borrowed(key)
+    }
 }
 
 fn child<'s>(parent: &At<'s>, value: &'s Value, key: &str) -> At<'s> {
-    At {
-        value,
-        pointer: format!("{}/{}", parent.pointer, escape(key)),
-    }
+    let token = escape(key);
+    let mut pointer = String::with_capacity(parent.pointer.len() + 1 + token.len());
+    pointer.push_str(&parent.pointer);
+    pointer.push('/');
+    pointer.push_str(&token);
+    At { value, pointer }
 }
 
 impl<'s> Resolver<'s> {
@@ -421,5 +430,31 @@ impl<'s> PathWalk<'s> {
             self.element_array = Some(if agree { first } else { None });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pointers_escape_tilde_and_slash_and_borrow_otherwise() {
+        assert!(matches!(
+            escape("plain"),
+            std::borrow::Cow::Borrowed("plain")
+        ));
+        assert_eq!(escape("a/b~c"), "a~1b~0c");
+        // `~` first, so an escaped slash is not escaped again.
+        assert_eq!(escape("~1"), "~01");
+        let schema = json!({"properties": {"a/b": {"properties": {"c~d": {"type": "number"}}}}});
+        let r = Resolver::new(&schema);
+        let outer = r.property(&r.root(), "a/b").expect("outer");
+        let inner = r.property(&outer, "c~d").expect("inner");
+        assert_eq!(inner.pointer, "/properties/a~1b/properties/c~0d");
+        assert_eq!(
+            schema.pointer(&inner.pointer),
+            Some(&json!({"type": "number"}))
+        );
     }
 }
