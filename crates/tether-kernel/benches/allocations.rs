@@ -7,11 +7,12 @@
 //!
 //! Run: `cargo bench -p tether-kernel --bench allocations [-- COMMANDS]`.
 
-use serde_json::json;
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tether_kernel::{CommandRequest, Kernel, KernelConfig, Principal, SessionOpen};
+use tether_kernel::Principal;
 use tether_store::{MemoryStore, SqliteStore, Store};
 
 /// Counts allocations (and bytes asked for) on top of mimalloc.
@@ -124,37 +125,14 @@ fn main() {
 /// allocations per command, after a warm-up that fills caches and indexes.
 /// With `sample_every` > 0, one allocation in that many records its site.
 fn count(name: &str, store: Arc<dyn Store>, commands: u64, sample_every: u64) {
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let k = Kernel::new(KernelConfig::standard("alloc"), cell, drivers, store).expect("kernel");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
+    let k = common::kernel_on("alloc", store);
+    let rt = common::runtime();
     let p = Principal::local_agent();
-    let session = rt
-        .block_on(k.session_open(&p, SessionOpen::default()))
-        .expect("session")["session_id"]
-        .as_str()
-        .expect("sid")
-        .to_owned();
+    let session = common::open_session(&rt, &k, &p);
     let run = |n: u64| {
         rt.block_on(async {
             for i in 0..n {
-                let req = CommandRequest {
-                    session_id: Some(session.clone()),
-                    device_id: "thermostat-1".into(),
-                    capability_id: "cap.thermal.setpoint.v1".into(),
-                    resource: None,
-                    input: json!({"target_temperature": 20.0 + (i % 60) as f64}),
-                    command_id: None,
-                    deadline: None,
-                    expected_revision: None,
-                    safe_place_grant: None,
-                    permit_id: None,
-                };
+                let req = common::setpoint(&session, 20.0 + (i % 60) as f64);
                 let r = k.command(&p, req).await.expect("command");
                 assert_eq!(r["status"], "completed", "{r}");
             }

@@ -7,15 +7,13 @@
 //! same load then runs on the in-memory store (no SQLite, no sync), and the
 //! ratio of the two is printed: what the disk costs, measured in one run.
 
-use serde_json::json;
+mod common;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{
-    CommandRequest, EstopRequest, Kernel, KernelConfig, Principal, ResetRequest, SessionOpen,
-};
+use tether_kernel::{EstopRequest, Principal, ResetRequest};
 use tether_store::{MemoryStore, SqliteStore, Store};
 
 fn main() {
@@ -113,25 +111,13 @@ impl Load {
 /// on the built-in cell and `store`; meanwhile 20 e-stops of `relay-1` are
 /// timed.
 fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let k = Kernel::new(KernelConfig::standard("load"), cell, drivers, store).expect("kernel");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
+    let k = common::kernel_on("load", store);
+    let rt = common::runtime();
     let p = Principal::local_agent();
-    let session = rt
-        .block_on(k.session_open(&p, SessionOpen::default()))
-        .expect("session")["session_id"]
-        .as_str()
-        .expect("sid")
-        .to_owned();
+    let session = common::open_session(&rt, &k, &p);
 
     let started = Instant::now();
-    let cpu_before = process_cpu_seconds();
+    let cpu_before = common::cpu::process_cpu_seconds();
     let (completed, estop_ms) = rt.block_on(async {
         let mut tasks = Vec::new();
         for c in 0..callers {
@@ -141,18 +127,7 @@ fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
             tasks.push(tokio::spawn(async move {
                 let mut ok = 0u64;
                 for i in 0..per_caller {
-                    let req = CommandRequest {
-                        session_id: Some(session.clone()),
-                        device_id: "thermostat-1".into(),
-                        capability_id: "cap.thermal.setpoint.v1".into(),
-                        resource: None,
-                        input: json!({"target_temperature": 20.0 + ((c + i) % 60) as f64}),
-                        command_id: None,
-                        deadline: None,
-                        expected_revision: None,
-                        safe_place_grant: None,
-                        permit_id: None,
-                    };
+                    let req = common::setpoint(&session, 20.0 + ((c + i) % 60) as f64);
                     if let Ok(r) = k.command(&p, req).await {
                         if r["status"] == "completed" {
                             ok += 1;
@@ -195,7 +170,9 @@ fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
         (total, estop_ms)
     });
     let seconds = started.elapsed().as_secs_f64();
-    let cpu_seconds = process_cpu_seconds().zip(cpu_before).map(|(a, b)| a - b);
+    let cpu_seconds = common::cpu::process_cpu_seconds()
+        .zip(cpu_before)
+        .map(|(a, b)| a - b);
     drop(k);
     drop(rt);
     Load {
@@ -204,18 +181,4 @@ fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
         cpu_seconds,
         estop_ms,
     }
-}
-
-/// User + system CPU time of this process so far (Linux: /proc/self/stat;
-/// `None` elsewhere). Clock ticks are taken as 100 per second, the value on
-/// every mainstream Linux build.
-fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
 }

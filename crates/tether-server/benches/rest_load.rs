@@ -47,7 +47,7 @@ fn main() {
                         assert_eq!(v["ok"], true, "{v}");
                         last = v["data"]["invocation_id"].as_str().unwrap_or_default().to_owned();
                     } else {
-                        last = support::string_member(&r, "invocation_id").unwrap_or_default().to_owned();
+                        last = support::string_after(&r, br#""invocation_id":""#).unwrap_or_default().to_owned();
                     }
                     assert!(!last.is_empty(), "{}", String::from_utf8_lossy(&r));
                     accepted.fetch_add(1, Ordering::Relaxed);

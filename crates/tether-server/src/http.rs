@@ -5,6 +5,7 @@
 //! motion is in flight on another connection.
 
 use crate::auth::{bearer, Authenticator};
+use crate::json_response;
 use crate::rpc::{error_response, handle_text};
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
@@ -37,17 +38,6 @@ pub fn router(kernel: Kernel, auth: Authenticator) -> Router {
         .merge(crate::rest::router(kernel, auth))
         .fallback(crate::rest::not_found)
         .method_not_allowed_fallback(crate::rest::method_not_allowed)
-}
-
-fn json_response(status: StatusCode, v: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        // Straight into bytes: `to_string` would go through `Display` and
-        // the formatting machinery, a measurable cost on every answer.
-        crate::json_bytes(v),
-    )
-        .into_response()
 }
 
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {

@@ -144,10 +144,10 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// The string value of the first `"key":"…"` member in a compact JSON text.
-pub fn string_member<'a>(text: &'a [u8], key: &str) -> Option<&'a str> {
-    let pat = format!("\"{key}\":\"");
-    let start = text.windows(pat.len()).position(|w| w == pat.as_bytes())? + pat.len();
+/// The string value after `needle` (such as `"invocation_id":"`) in a
+/// compact JSON text, up to the next quote.
+pub fn string_after<'a>(text: &'a [u8], needle: &[u8]) -> Option<&'a str> {
+    let start = text.windows(needle.len()).position(|w| w == needle)? + needle.len();
     let len = text[start..].iter().position(|&b| b == b'"')?;
     std::str::from_utf8(&text[start..start + len]).ok()
 }
@@ -155,20 +155,10 @@ pub fn string_member<'a>(text: &'a [u8], key: &str) -> Option<&'a str> {
 /// One answer in this many is parsed in full and checked field by field.
 pub const FULL_CHECK_EVERY: u64 = 64;
 
-/// User + system CPU time of this process so far (Linux: /proc/self/stat;
-/// `None` elsewhere). Clock ticks are taken as 100 per second, the value on
-/// every mainstream Linux build. Throughput on a shared 2-core machine swings
-/// by ±20% between runs; CPU per command is the steadier figure to compare.
-pub fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
+/// Process CPU time: the kernel benches' helper, one copy for both crates.
+#[path = "../../../tether-kernel/benches/common/cpu.rs"]
+mod cpu;
+pub use cpu::process_cpu_seconds;
 
 /// Prints the CPU figure for `commands` done in `elapsed` seconds, the
 /// process's CPU time going from `cpu0` to `cpu1`.

@@ -3,13 +3,15 @@
 //! strict reading of request bodies.
 
 use axum::body::{to_bytes, Body};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tether_core::json::parse_strict;
 use tether_core::Code;
 use tether_kernel::ApiError;
+
+use crate::json_response;
 
 /// An error answered with the REST envelope.
 #[derive(Debug)]
@@ -119,17 +121,6 @@ pub(crate) fn error_body(code: Code, message: &str, details: &Value) -> Value {
             "details": details,
         }
     })
-}
-
-pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        // Straight into bytes: `to_string` would go through `Display` and
-        // the formatting machinery, a measurable cost on every answer.
-        crate::json_bytes(body),
-    )
-        .into_response()
 }
 
 /// A success: `{ok: true, data}`.
