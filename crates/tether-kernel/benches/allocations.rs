@@ -12,7 +12,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tether_kernel::Principal;
+use tether_kernel::{CancelToken, Principal};
 use tether_store::{MemoryStore, SqliteStore, Store};
 
 /// Counts allocations (and bytes asked for) on top of mimalloc.
@@ -133,8 +133,12 @@ fn count(name: &str, store: Arc<dyn Store>, commands: u64, sample_every: u64) {
         rt.block_on(async {
             for i in 0..n {
                 let req = common::setpoint(&session, 20.0 + (i % 60) as f64);
-                let r = k.command(&p, req).await.expect("command");
-                assert_eq!(r["status"], "completed", "{r}");
+                // The surfaces' path: the receipt as canonical text.
+                let r = k
+                    .command_answer(&p, req, CancelToken::new())
+                    .await
+                    .expect("command");
+                assert_eq!(r.status(), Some("completed"), "{r:?}");
             }
         })
     };

@@ -13,7 +13,7 @@ mod common;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{EstopRequest, Principal, ResetRequest};
+use tether_kernel::{CancelToken, EstopRequest, Principal, ResetRequest};
 use tether_store::{MemoryStore, SqliteStore, Store};
 
 fn main() {
@@ -49,6 +49,11 @@ fn main() {
     drop(sqlite);
     if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
         let _kept = dir.keep();
+    }
+    // DURABLE_LOAD_DURABLE_ONLY=1 skips the in-memory half (to profile the
+    // durable path alone).
+    if std::env::var_os("DURABLE_LOAD_DURABLE_ONLY").is_some() {
+        return;
     }
     // The same load on the in-memory store, in the same run: the same
     // kernel, writer thread and hand-offs, no SQLite and no sync. The ratio
@@ -128,10 +133,10 @@ fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
                 let mut ok = 0u64;
                 for i in 0..per_caller {
                     let req = common::setpoint(&session, 20.0 + ((c + i) % 60) as f64);
-                    if let Ok(r) = k.command(&p, req).await {
-                        if r["status"] == "completed" {
-                            ok += 1;
-                        }
+                    // The surfaces' path: the receipt as canonical text.
+                    let answer = k.command_answer(&p, req, CancelToken::new()).await;
+                    if answer.is_ok_and(|a| a.status() == Some("completed")) {
+                        ok += 1;
                     }
                 }
                 ok

@@ -342,7 +342,7 @@ impl Kernel {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "approval.requested".into(),
-                body: record.clone(),
+                body: record.clone().into(),
             }],
             approvals: vec![ApprovalRow {
                 approval_id: id.to_owned(),
@@ -419,7 +419,7 @@ impl Kernel {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "approval.used".into(),
-                body: json!({"approval_id": id, "command_id": command_id}),
+                body: json!({"approval_id": id, "command_id": command_id}).into(),
             }],
             approvals: vec![ApprovalRow {
                 approval_id: id.to_owned(),
@@ -534,7 +534,7 @@ impl Kernel {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "approval.vote".into(),
-                body: event,
+                body: event.into(),
             }],
             approvals: vec![ApprovalRow {
                 approval_id: id.to_owned(),

@@ -6,6 +6,7 @@
 //! revision moves, and the rejected receipt is evidence but never the recorded
 //! outcome of its `command_id`.
 
+use crate::answer::{write_receipt, Answer, ReceiptExtras};
 use crate::authorized::{Authorized, CallKind};
 use crate::driver::{CancelToken, InterlockState, Signal};
 use crate::idempotency::Begin;
@@ -22,7 +23,9 @@ use tether_core::ids::{self, CommandId};
 use tether_core::manifest::{Concurrency, Mode};
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Receipt, Refusal, Status};
-use tether_store::{canonical, BudgetRow, Commit, EventDraft, ReceiptRef, RevisionRow};
+use tether_store::{
+    canonical, BudgetRow, CanonicalBody, Commit, EventBody, EventDraft, ReceiptRef, RevisionRow,
+};
 
 /// Most validation errors reported for one input.
 const SCHEMA_ERRORS_MAX: usize = 16;
@@ -193,7 +196,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "session.open".into(),
-                body: json!({"session_id": sid, "principal": p.to_json(), "grants": answer["granted"].as_array().map_or(0, Vec::len), "ttl_ms": ttl_ms}),
+                body: json!({"session_id": sid, "principal": p.to_json(), "grants": answer["granted"].as_array().map_or(0, Vec::len), "ttl_ms": ttl_ms}).into(),
             }],
             ..Commit::default()
         });
@@ -227,7 +230,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "session.close".into(),
-                body: json!({"session_id": sid, "principal": p.to_json(), "cancelled_operations": cancelled}),
+                body: json!({"session_id": sid, "principal": p.to_json(), "cancelled_operations": cancelled}).into(),
             }],
             ..Commit::default()
         });
@@ -280,7 +283,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "session.end".into(),
-                body: json!({"session_id": sid, "why": why, "cancelled_operations": ops, "safe_state": safe_state}),
+                body: json!({"session_id": sid, "why": why, "cancelled_operations": ops, "safe_state": safe_state}).into(),
             }],
             ..Commit::default()
         });
@@ -391,7 +394,7 @@ impl Kernel {
                 self.record(Commit {
                     events: vec![EventDraft {
                         kind: "resource.read".into(),
-                        body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "decision": "deny", "error": r.to_json()}),
+                        body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "decision": "deny", "error": r.to_json()}).into(),
                     }],
                     ..Commit::default()
                 });
@@ -420,7 +423,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "resource.read".into(),
-                body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "revision": revision, "state_hash": state_hash, "decision": "allow", "policy": policy}),
+                body: json!({"device_id": req.device_id, "resource": req.resource, "session_id": sid, "principal": p.to_json(), "revision": revision, "state_hash": state_hash, "decision": "allow", "policy": policy}).into(),
             }],
             ..Commit::default()
         });
@@ -460,9 +463,24 @@ impl Kernel {
     pub async fn write_cancellable(
         &self,
         p: &Principal,
-        mut req: CommandRequest,
+        req: CommandRequest,
         cancel: CancelToken,
     ) -> Result<Value, ApiError> {
+        self.write_answer(p, req, cancel)
+            .await
+            .map(Answer::into_value)
+    }
+
+    /// `write_cancellable` answering as [`Kernel::command_answer`] does.
+    ///
+    /// # Errors
+    /// As `write`.
+    pub async fn write_answer(
+        &self,
+        p: &Principal,
+        mut req: CommandRequest,
+        cancel: CancelToken,
+    ) -> Result<Answer, ApiError> {
         let dev = self.device(&req.device_id)?;
         let resource = req
             .resource
@@ -495,7 +513,7 @@ impl Kernel {
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
-        self.command_cancellable(p, req, cancel).await
+        self.command_answer(p, req, cancel).await
     }
 
     // ----- commands -------------------------------------------------------
@@ -525,6 +543,24 @@ impl Kernel {
         req: CommandRequest,
         cancel: CancelToken,
     ) -> Result<Value, ApiError> {
+        self.command_answer(p, req, cancel)
+            .await
+            .map(Answer::into_value)
+    }
+
+    /// `command_cancellable` answering with the receipt's canonical text
+    /// when it has one (see [`Answer`]): the path the surfaces take, so a
+    /// dispatched command's receipt is written once and never built as a
+    /// value.
+    ///
+    /// # Errors
+    /// As `command`.
+    pub async fn command_answer(
+        &self,
+        p: &Principal,
+        req: CommandRequest,
+        cancel: CancelToken,
+    ) -> Result<Answer, ApiError> {
         let t0 = Instant::now();
         let accepted_at_ms = now_ms();
         // An id the endpoint mints is new by construction (a ULID: time plus
@@ -588,7 +624,10 @@ impl Kernel {
                     ),
                     json!({"capability_id": req.capability_id, "bound": dev.spec.bindings.iter().map(|b| b.capability_id.clone()).collect::<Vec<_>>()}),
                 );
-                return Ok(self.reject(&ctx, &cap, res.as_deref(), refusal).await);
+                return Ok(self
+                    .reject(&ctx, &cap, res.as_deref(), refusal)
+                    .await
+                    .into());
             }
             Resolve::NotBound(bound) => {
                 let (ctx, refusal, cap, res) = early(
@@ -600,7 +639,10 @@ impl Kernel {
                     ),
                     json!({"bound_resources": bound}),
                 );
-                return Ok(self.reject(&ctx, &cap, res.as_deref(), refusal).await);
+                return Ok(self
+                    .reject(&ctx, &cap, res.as_deref(), refusal)
+                    .await
+                    .into());
             }
             Resolve::ResourceRequired(resources) => {
                 return Err(ApiError::new(
@@ -630,7 +672,8 @@ impl Kernel {
                 .to_owned();
             return Ok(self
                 .estop_devices(vec![d], &reason, Some(p.clone()), None, Some(&command_id))
-                .await);
+                .await
+                .into());
         }
         let ctx = Ctx {
             device: d,
@@ -659,7 +702,7 @@ impl Kernel {
         };
         match begin {
             Ok(None) => {}
-            Ok(Some(replay)) => return Ok(replay),
+            Ok(Some(replay)) => return Ok(replay.into()),
             Err(reason) => {
                 let refusal = Refusal::new(
                     Code::ConflictCommandIdReuse,
@@ -669,7 +712,7 @@ impl Kernel {
                     ),
                     json!({"reason": reason, "command_id": ctx.command_id}),
                 );
-                return Ok(self.reject_binding(&ctx, refusal).await);
+                return Ok(self.reject_binding(&ctx, refusal).await.into());
             }
         }
         match self.admit(&ctx, true) {
@@ -684,7 +727,7 @@ impl Kernel {
                     None => refusal,
                 };
                 self.abort_idempotent(&ctx.command_id);
-                Ok(self.reject_binding(&ctx, refusal).await)
+                Ok(self.reject_binding(&ctx, refusal).await.into())
             }
         }
     }
@@ -1001,7 +1044,7 @@ impl Kernel {
         ctx: Ctx,
         admitted: Admitted,
         caller_cancel: CancelToken,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Answer, ApiError> {
         let dev = &self.inner.devices[ctx.device];
         let (b, _) = dev.binding(ctx.binding);
         if Kernel::is_effectful(b) {
@@ -1097,7 +1140,7 @@ impl Kernel {
         if let Err(r) = self.register_op(&ctx, b, &op_id, &cancel) {
             return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
         }
-        let mut pending_admission: Option<Value> = None;
+        let mut admission = Admission::Recorded;
         if !b.is_read() {
             // A physical call, or one that draws a budget, waits until its
             // admission is durable before dispatch (fail-closed evidence). A
@@ -1121,7 +1164,7 @@ impl Kernel {
                 let decision = Commit {
                     events: vec![EventDraft {
                         kind: "command.admitted".into(),
-                        body: self.admitted_body(&ctx, b, &op_id),
+                        body: self.admitted_body(&ctx, b, &op_id).into(),
                     }],
                     budget_draws: admitted.reservations.clone(),
                     open_ops,
@@ -1131,12 +1174,7 @@ impl Kernel {
             } else {
                 // The receipt repeats the binding, input digest and operation;
                 // the admission part keeps only what the receipt lacks.
-                pending_admission = Some(json!({
-                    "decision": "allow",
-                    "principal": ctx.principal.to_json(),
-                    "session_id": ctx.session_id,
-                    "risk": b.risk.as_str(),
-                }));
+                admission = Admission::WithReceipt(b.risk.as_str());
                 Ok(())
             };
             if let Err(e) = durable {
@@ -1201,7 +1239,7 @@ impl Kernel {
             (before, after),
             (status, output, error),
             &op_id,
-            pending_admission,
+            admission,
         )
         .await
     }
@@ -1211,7 +1249,7 @@ impl Kernel {
         ctx: &Ctx,
         reservations: &[BudgetRow],
         refusal: Refusal,
-    ) -> Value {
+    ) -> Answer {
         self.release_budgets(reservations);
         if let Some(id) = &ctx.permit_id {
             // Refused before dispatch: the permit is given back (a revoked one is gone).
@@ -1222,7 +1260,7 @@ impl Kernel {
             self.release_approval(id);
         }
         self.abort_idempotent(&ctx.command_id);
-        self.reject_binding(ctx, refusal).await
+        self.reject_binding(ctx, refusal).await.into()
     }
 
     /// Before a physical call: the watcher is healthy and the store's latch
@@ -1430,8 +1468,8 @@ impl Kernel {
         (before, after): (u64, u64),
         (status, output, error): (Status, Option<Value>, Option<Refusal>),
         op_id: &str,
-        pending_admission: Option<Value>,
-    ) -> Result<Value, ApiError> {
+        admission: Admission,
+    ) -> Result<Answer, ApiError> {
         let dev = &self.inner.devices[ctx.device];
         let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
         if status == Status::Rejected {
@@ -1439,7 +1477,7 @@ impl Kernel {
             self.abort_idempotent(&ctx.command_id);
             let refusal =
                 error.unwrap_or_else(|| Refusal::bare(Code::DeviceBusy, "the device refused"));
-            return Ok(self.reject_binding(&ctx, refusal).await);
+            return Ok(self.reject_binding(&ctx, refusal).await.into());
         }
         let advances = !b.is_read();
         let physical = dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b);
@@ -1447,7 +1485,8 @@ impl Kernel {
         if is_configure && status == Status::Completed {
             output = Some(json!({"applied": ctx.input, "revision": after}));
         }
-        let mut receipt = self.receipt(
+        let latency_us = ctx.t0.elapsed().as_micros() as u64;
+        let mut receipt = self.receipt_base(
             &ctx,
             &b.capability_id,
             Some(&b.resource),
@@ -1458,34 +1497,14 @@ impl Kernel {
         receipt.state_revision_before = Some(before);
         receipt.state_revision_after = Some(after);
         receipt.decision = Some("allow");
-        receipt.extra.insert("operation_id".into(), json!(op_id));
         self.note_finished(op_id, ctx.device, &receipt);
-        let mut wire = receipt.into_json();
-        // Answered now and replayed later from the chain: both must be the
-        // same document, so numbers take their canonical form here (30.0 is
-        // recorded, and read back, as 30).
-        canonical::normalize_numbers(&mut wire);
-        // A simulated command records its admission (the decision) and its
-        // receipt in one entry; a physical one recorded the admission before
-        // dispatch. The entry is where the receipt is stored (the receipts
-        // table only indexes it); the commit is serialised from a borrow and
-        // the receipt taken back out of it to answer, so it is never copied.
-        let mut body = Map::with_capacity(3);
-        match pending_admission {
-            Some(admission) => {
-                body.insert("admission".into(), admission);
-            }
-            None => {
-                body.insert("principal".into(), ctx.principal.to_json());
-                body.insert("session_id".into(), json!(ctx.session_id));
-            }
-        }
-        body.insert("receipt".into(), wire);
+        // The entry is where the receipt is stored (the receipts table only
+        // indexes it). The commit is serialised from a borrow; the answer is
+        // the receipt's canonical text, or on the value path the receipt
+        // taken back out of the commit, so it is never copied as a tree.
+        let (event, text) = receipt_event(&ctx, receipt, latency_us, op_id, admission);
         let commit = Commit {
-            events: vec![EventDraft {
-                kind: "command.receipt".into(),
-                body: Value::Object(body),
-            }],
+            events: vec![event],
             receipts: vec![ReceiptRef {
                 command_id: ctx.command_id.clone(),
                 input_digest: ctx.key.clone(),
@@ -1508,21 +1527,24 @@ impl Kernel {
             ..Commit::default()
         };
         let durable = self.commit_ref(&commit).await;
-        let wire = take_receipt(commit);
+        let answer = match text {
+            Some(text) => Answer::Canonical(text),
+            None => Answer::Value(take_receipt(commit)),
+        };
         if let Ok(mut ix) = self.inner.idem.lock() {
             match &durable {
                 // Stored: a replay reads it back from the store, so the index
                 // keeps only the id and digest.
                 Ok(_) => ix.complete_stored(&ctx.command_id, &ctx.key),
                 // Not stored: the index is the only copy a replay can answer.
-                Err(_) => ix.complete(&ctx.command_id, &ctx.key, wire.clone()),
+                Err(_) => ix.complete(&ctx.command_id, &ctx.key, answer.clone().into_value()),
             }
         }
         match durable {
-            Ok(_) => Ok(wire),
+            Ok(_) => Ok(answer),
             Err(e) => {
                 tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
-                let mut w = wire;
+                let mut w = answer.into_value();
                 w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
                 if physical {
                     let held = self
@@ -1541,11 +1563,14 @@ impl Kernel {
                         "crashed_finish_recorded"
                     });
                 }
-                Ok(w)
+                Ok(w.into())
             }
         }
     }
 
+    /// A receipt with the kernel's extra members (latency, policy verdict,
+    /// approval): the value path, for refusals and every receipt that is not
+    /// a dispatched command's.
     pub(crate) fn receipt(
         &self,
         ctx: &Ctx,
@@ -1555,18 +1580,31 @@ impl Kernel {
         output: Option<Value>,
         error: Option<Refusal>,
     ) -> Receipt {
-        let dev = &self.inner.devices[ctx.device];
-        let mut extra = Map::new();
-        extra.insert(
+        let mut r = self.receipt_base(ctx, capability_id, resource, status, output, error);
+        r.extra.insert(
             "latency_us".into(),
             json!(ctx.t0.elapsed().as_micros() as u64),
         );
         if let Some(p) = ctx.policy.get() {
-            extra.insert("policy".into(), p.clone());
+            r.extra.insert("policy".into(), p.clone());
         }
         if let Some(id) = ctx.approval.get() {
-            extra.insert("approval_id".into(), json!(id));
+            r.extra.insert("approval_id".into(), json!(id));
         }
+        r
+    }
+
+    /// The typed receipt without extra members.
+    fn receipt_base(
+        &self,
+        ctx: &Ctx,
+        capability_id: &str,
+        resource: Option<&str>,
+        status: Status,
+        output: Option<Value>,
+        error: Option<Refusal>,
+    ) -> Receipt {
+        let dev = &self.inner.devices[ctx.device];
         Receipt {
             receipt_id: ids::mint("rcpt_"),
             command_id: ctx.command_id.clone(),
@@ -1592,7 +1630,7 @@ impl Kernel {
             mode: dev.spec.manifest.mode.as_str(),
             accepted_at_ms: ctx.accepted_at_ms,
             completed_at_ms: now_ms(),
-            extra,
+            extra: Map::new(),
         }
     }
 
@@ -1626,7 +1664,7 @@ impl Kernel {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "command.rejected".into(),
-                body: json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id}),
+                body: json!({"receipt": wire, "principal": ctx.principal.to_json(), "session_id": ctx.session_id}).into(),
             }],
             ..Commit::default()
         };
@@ -1962,9 +2000,125 @@ fn verb_name(v: Verb) -> &'static str {
 /// member of its only event.
 fn take_receipt(commit: Commit) -> Value {
     let receipt = commit.events.into_iter().next().and_then(|e| match e.body {
-        Value::Object(mut m) => m.remove("receipt"),
+        EventBody::Value(Value::Object(mut m)) => m.remove("receipt"),
         _ => None,
     });
     debug_assert!(receipt.is_some(), "a receipt commit holds its receipt");
     receipt.unwrap_or(Value::Null)
+}
+
+/// Where a dispatched command's admission decision is recorded.
+#[derive(Clone, Copy)]
+enum Admission {
+    /// In its own entry before dispatch (a physical call, or one that drew a
+    /// budget), or not at all (a read binding): the receipt's entry names
+    /// the caller.
+    Recorded,
+    /// With the receipt, in one entry (a simulated call): the admission part
+    /// keeps only what the receipt lacks. Holds the binding's risk class.
+    WithReceipt(&'static str),
+}
+
+/// The evidence entry of a dispatched command's receipt, and the receipt's
+/// canonical text when the entry was written as text (the common case). A
+/// document the canonical writer refuses (nested past the evidence bound)
+/// takes the value path, where the store refuses it as before.
+fn receipt_event(
+    ctx: &Ctx,
+    receipt: Receipt,
+    latency_us: u64,
+    op_id: &str,
+    admission: Admission,
+) -> (EventDraft, Option<String>) {
+    const KIND: &str = "command.receipt";
+    let extras = ReceiptExtras {
+        latency_us,
+        policy: ctx.policy.get(),
+        approval_id: ctx.approval.get().map(String::as_str),
+        operation_id: Some(op_id),
+    };
+    let mut text = String::with_capacity(1024);
+    if write_receipt(&receipt, &extras, &mut text).is_ok() {
+        if let Some(body) = receipt_body_text(ctx, &text, admission) {
+            let body = CanonicalBody::new(body, Some(ctx.command_id.clone()));
+            let event = EventDraft {
+                kind: KIND.into(),
+                body: EventBody::Canonical(body),
+            };
+            return (event, Some(text));
+        }
+    }
+    let mut wire = receipt.into_json();
+    if let Value::Object(m) = &mut wire {
+        m.insert("latency_us".into(), json!(latency_us));
+        if let Some(p) = extras.policy {
+            m.insert("policy".into(), p.clone());
+        }
+        if let Some(id) = extras.approval_id {
+            m.insert("approval_id".into(), json!(id));
+        }
+        m.insert("operation_id".into(), json!(op_id));
+    }
+    // Answered now and replayed later from the chain: both must be the same
+    // document, so numbers take their canonical form here.
+    canonical::normalize_numbers(&mut wire);
+    let mut body = Map::with_capacity(3);
+    match admission {
+        Admission::WithReceipt(risk) => {
+            body.insert(
+                "admission".into(),
+                json!({"decision": "allow", "principal": ctx.principal.to_json(), "session_id": ctx.session_id, "risk": risk}),
+            );
+        }
+        Admission::Recorded => {
+            body.insert("principal".into(), ctx.principal.to_json());
+            body.insert("session_id".into(), json!(ctx.session_id));
+        }
+    }
+    body.insert("receipt".into(), wire);
+    let event = EventDraft {
+        kind: KIND.into(),
+        body: Value::Object(body).into(),
+    };
+    (event, None)
+}
+
+/// The canonical body of a receipt entry around the receipt's text: the
+/// same members the value path writes.
+fn receipt_body_text(ctx: &Ctx, receipt_text: &str, admission: Admission) -> Option<String> {
+    use tether_store::canonical::{write_members, Member};
+    let mut principal = String::with_capacity(48);
+    let mut members = [
+        ("id", Member::Str(&ctx.principal.id)),
+        ("kind", Member::Str(ctx.principal.kind.as_str())),
+    ];
+    write_members(&mut members, &mut principal, 1).ok()?;
+    let session = ctx.session_id.as_deref().map_or(Member::Null, Member::Str);
+    let mut body = String::with_capacity(receipt_text.len() + 256);
+    match admission {
+        Admission::WithReceipt(risk) => {
+            let mut part = String::with_capacity(160);
+            let mut members = [
+                ("decision", Member::Str("allow")),
+                ("principal", Member::Canonical(&principal)),
+                ("risk", Member::Str(risk)),
+                ("session_id", session),
+            ];
+            write_members(&mut members, &mut part, 1).ok()?;
+            let mut members = [
+                ("admission", Member::Canonical(&part)),
+                ("receipt", Member::Canonical(receipt_text)),
+            ];
+            write_members(&mut members, &mut body, 1).ok()?;
+        }
+        Admission::Recorded => {
+            let mut members = [
+                ("principal", Member::Canonical(&principal)),
+                ("receipt", Member::Canonical(receipt_text)),
+                ("session_id", session),
+            ];
+            write_members(&mut members, &mut body, 1).ok()?;
+        }
+    }
+    Some(body)
 }

@@ -46,7 +46,7 @@ impl Kernel {
         Commit {
             events: vec![EventDraft {
                 kind: "command.finish_crashed".into(),
-                body: json!({"command_id": command_id, "operation_id": operation_id, "device_id": dev.id(), "resource": resource, "reason": reason, "receipt": receipt}),
+                body: json!({"command_id": command_id, "operation_id": operation_id, "device_id": dev.id(), "resource": resource, "reason": reason, "receipt": receipt}).into(),
             }],
             receipts: vec![ReceiptRef {
                 command_id: command_id.to_owned(),
@@ -148,7 +148,7 @@ pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize
             }]
         };
         store.commit_blocking(Commit {
-            events: vec![EventDraft { kind: "command.finish_crashed".into(), body: json!({"command_id": op.command_id, "reason": "endpoint_crashed", "open_operation": op.info, "receipt": receipt}) }],
+            events: vec![EventDraft { kind: "command.finish_crashed".into(), body: json!({"command_id": op.command_id, "reason": "endpoint_crashed", "open_operation": op.info, "receipt": receipt}).into() }],
             receipts,
             closed_ops: vec![op.command_id],
             ..Commit::default()

@@ -126,7 +126,7 @@ pub fn trip_in_store(
     store.commit_blocking(Commit {
         events: vec![EventDraft {
             kind: "safety.estop".into(),
-            body: json!({"device_id": target, "reason": reason, "source": source, "pid": std::process::id()}),
+            body: json!({"device_id": target, "reason": reason, "source": source, "pid": std::process::id()}).into(),
         }],
         latches: vec![trip_row(target, since, reason, source)],
         ..Commit::default()
@@ -265,7 +265,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.observed".into(),
-                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure}),
+                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure}).into(),
             }],
             ..Commit::default()
         });
@@ -288,7 +288,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.reset.observed".into(),
-                body: json!({"device_id": dev.id(), "reset_at_ms": ev.at_ms}),
+                body: json!({"device_id": dev.id(), "reset_at_ms": ev.at_ms}).into(),
             }],
             ..Commit::default()
         });

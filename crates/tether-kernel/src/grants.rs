@@ -108,7 +108,7 @@ impl Kernel {
             );
         }
         self.record(Commit {
-            events: vec![EventDraft { kind: "safety.safe_place_grant".into(), body: json!({"device_id": device_id, "capability_id": b.capability_id, "resource": b.resource, "input_digest": digest, "operator": p.to_json(), "expires_at_ms": expires_at_ms}) }],
+            events: vec![EventDraft { kind: "safety.safe_place_grant".into(), body: json!({"device_id": device_id, "capability_id": b.capability_id, "resource": b.resource, "input_digest": digest, "operator": p.to_json(), "expires_at_ms": expires_at_ms}).into() }],
             ..Commit::default()
         });
         Ok(

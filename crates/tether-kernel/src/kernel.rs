@@ -417,7 +417,7 @@ impl Kernel {
             .commit_blocking(Commit {
                 events: vec![EventDraft {
                     kind: "endpoint.start".into(),
-                    body: json!({"endpoint_id": kernel.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices}),
+                    body: json!({"endpoint_id": kernel.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices}).into(),
                 }],
                 ..Commit::default()
             })

@@ -19,6 +19,7 @@
 //! tether-drivers (for the trait), tether-server, tether-cli.
 #![deny(missing_docs)]
 
+mod answer;
 mod approvals;
 mod authorized;
 mod command;
@@ -39,6 +40,7 @@ mod safety;
 mod session;
 mod stop_path;
 
+pub use answer::Answer;
 pub use authorized::{Authorized, CallKind};
 pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Signal};
 pub use kernel::{Kernel, KernelConfig, Principal, PrincipalKind, StartError};

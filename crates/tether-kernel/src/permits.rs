@@ -150,7 +150,7 @@ impl Kernel {
             );
         }
         self.record(Commit {
-            events: vec![EventDraft { kind: "safety.permit".into(), body: json!({"device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "input_digest": digest, "session_id": sid, "principal": p.to_json(), "expires_at_ms": expires_at_ms}) }],
+            events: vec![EventDraft { kind: "safety.permit".into(), body: json!({"device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "input_digest": digest, "session_id": sid, "principal": p.to_json(), "expires_at_ms": expires_at_ms}).into() }],
             ..Commit::default()
         });
         Ok(

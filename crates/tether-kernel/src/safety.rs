@@ -197,7 +197,7 @@ impl Kernel {
         let latch_commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.estop".into(),
-                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits}),
+                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits}).into(),
             }],
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),
@@ -276,7 +276,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.receipt".into(),
-                body: json!({"receipt": wire}),
+                body: json!({"receipt": wire}).into(),
             }],
             ..Commit::default()
         });
@@ -350,7 +350,7 @@ impl Kernel {
             let commit = Commit {
                 events: vec![EventDraft {
                     kind: "safety.estop.persisted".into(),
-                    body: json!({"device_id": dev.id(), "late": true}),
+                    body: json!({"device_id": dev.id(), "late": true}).into(),
                 }],
                 latches: rows.clone(),
                 ..Commit::default()
@@ -399,7 +399,7 @@ impl Kernel {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.reset".into(),
-                body: json!({"device_id": dev.id(), "principal": p.to_json(), "reason": req.reason, "session_id": req.session_id}),
+                body: json!({"device_id": dev.id(), "principal": p.to_json(), "reason": req.reason, "session_id": req.session_id}).into(),
             }],
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),

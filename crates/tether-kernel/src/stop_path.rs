@@ -311,7 +311,7 @@ impl Kernel {
                         "safe_state_achieved": true,
                     });
                     kernel.record(Commit {
-                        events: vec![EventDraft { kind: "safety.estop.confirmed".into(), body: json!({"receipt": receipt}) }],
+                        events: vec![EventDraft { kind: "safety.estop.confirmed".into(), body: json!({"receipt": receipt}).into() }],
                         ..Commit::default()
                     });
                     return;

@@ -243,7 +243,7 @@ async fn start_up_records_crashed_finishes_for_orphaned_physical_calls() {
         let store = SqliteStore::open(dir.path()).expect("store");
         store
             .commit_blocking(Commit {
-                events: vec![EventDraft { kind: "command.admitted".into(), body: json!({"command_id": "01ORPHAN000000000000000001"}) }],
+                events: vec![EventDraft { kind: "command.admitted".into(), body: json!({"command_id": "01ORPHAN000000000000000001"}).into() }],
                 open_ops: vec![OpenOp { command_id: "01ORPHAN000000000000000001".into(), info: json!({"device_id": "cnc-1", "resource": "spindle", "key": "cnc-1/x-cap.test.spin.v1/spindle/sha256:x"}) }],
                 ..Commit::default()
             })

@@ -68,7 +68,7 @@ async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> R
         }
     };
     match handle_text(&state.kernel, &principal, &bytes).await {
-        Some(v) => json_response(StatusCode::OK, &v),
+        Some(reply) => crate::bytes_response(StatusCode::OK, reply.to_bytes()),
         None => StatusCode::NO_CONTENT.into_response(),
     }
 }

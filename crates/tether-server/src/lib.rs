@@ -38,13 +38,21 @@ pub(crate) fn json_response(
     status: axum::http::StatusCode,
     v: &serde_json::Value,
 ) -> axum::response::Response {
+    // Straight into bytes: `to_string` would go through `Display` and the
+    // formatting machinery, a measurable cost on every answer.
+    bytes_response(status, json_bytes(v))
+}
+
+/// An HTTP answer whose body is JSON text already written.
+pub(crate) fn bytes_response(
+    status: axum::http::StatusCode,
+    json: Vec<u8>,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
     (
         status,
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        // Straight into bytes: `to_string` would go through `Display` and
-        // the formatting machinery, a measurable cost on every answer.
-        json_bytes(v),
+        json,
     )
         .into_response()
 }

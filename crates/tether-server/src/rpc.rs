@@ -13,8 +13,8 @@ use tether_core::catalogue;
 use tether_core::json::parse_strict;
 use tether_core::Code;
 use tether_kernel::{
-    ApiError, CommandRequest, EstopRequest, GrantRequest, Kernel, Principal, ReadRequest,
-    ResetRequest, SessionOpen,
+    Answer, ApiError, CancelToken, CommandRequest, EstopRequest, GrantRequest, Kernel, Principal,
+    ReadRequest, ResetRequest, SessionOpen,
 };
 
 /// Longest deadline a client may ask for, ms.
@@ -37,10 +37,62 @@ fn api_error_response(id: Value, e: ApiError) -> Value {
     error_response(id, e.code, &e.message, e.details)
 }
 
+/// One JSON-RPC answer: a result, whose document may be a receipt's
+/// canonical text spliced in as it is, or any other response as a value.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A success response.
+    Result {
+        /// The request's id.
+        id: Value,
+        /// The result document.
+        result: Answer,
+    },
+    /// An error response (or any complete response object).
+    Value(Value),
+}
+
+impl Reply {
+    fn error(id: Value, code: Code, message: &str, details: Value) -> Self {
+        Reply::Value(error_response(id, code, message, details))
+    }
+
+    /// The response as JSON text.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Reply::Value(v) => crate::json_bytes(v),
+            Reply::Result { id, result } => {
+                let mut out = Vec::with_capacity(1280);
+                out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+                match serde_json::to_writer(&mut out, id) {
+                    Ok(()) => {}
+                    // An id parsed from JSON always serialises; keep the
+                    // answer valid if it did not.
+                    Err(_) => out.extend_from_slice(b"null"),
+                }
+                out.extend_from_slice(br#","result":"#);
+                result.write_json(&mut out);
+                out.push(b'}');
+                out
+            }
+        }
+    }
+
+    /// The response as a value.
+    pub fn into_value(self) -> Value {
+        match self {
+            Reply::Value(v) => v,
+            Reply::Result { id, result } => {
+                json!({"jsonrpc": "2.0", "id": id, "result": result.into_value()})
+            }
+        }
+    }
+}
+
 /// Handles one request text; `None` means no answer (an e-stop notification).
-pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) -> Option<Value> {
+pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) -> Option<Reply> {
     if text.len() > crate::REQUEST_BYTES_MAX {
-        return Some(error_response(
+        return Some(Reply::error(
             Value::Null,
             Code::ProtocolTooLarge,
             "request too large",
@@ -48,7 +100,7 @@ pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) ->
         ));
     }
     let Ok(text) = std::str::from_utf8(text) else {
-        return Some(error_response(
+        return Some(Reply::error(
             Value::Null,
             Code::ProtocolParseError,
             "request is not UTF-8",
@@ -58,7 +110,7 @@ pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) ->
     let value = match parse_strict(text) {
         Ok(v) => v,
         Err(msg) => {
-            return Some(error_response(
+            return Some(Reply::error(
                 Value::Null,
                 Code::ProtocolParseError,
                 "parse error",
@@ -84,7 +136,7 @@ fn estop_target(obj: &serde_json::Map<String, Value>) -> bool {
 }
 
 /// Handles a parsed value.
-pub async fn handle_value(kernel: &Kernel, principal: &Principal, value: Value) -> Option<Value> {
+pub async fn handle_value(kernel: &Kernel, principal: &Principal, value: Value) -> Option<Reply> {
     match value {
         Value::Object(obj) => handle_object(kernel, principal, obj).await,
         Value::Array(items) => {
@@ -101,14 +153,14 @@ pub async fn handle_value(kernel: &Kernel, principal: &Principal, value: Value) 
                 details["estop_served"] = json!(true);
                 details["receipt"] = receipt;
             }
-            Some(error_response(
+            Some(Reply::error(
                 Value::Null,
                 Code::ProtocolInvalidRequest,
                 "batches are not supported; send one request at a time",
                 details,
             ))
         }
-        _ => Some(error_response(
+        _ => Some(Reply::error(
             Value::Null,
             Code::ProtocolInvalidRequest,
             "a request must be a JSON object",
@@ -190,7 +242,7 @@ async fn handle_object(
     kernel: &Kernel,
     principal: &Principal,
     obj: serde_json::Map<String, Value>,
-) -> Option<Value> {
+) -> Option<Reply> {
     let id = usable_id(&obj);
     if let Some((reason, message)) = envelope_defect(&obj) {
         if estop_target(&obj) {
@@ -198,14 +250,14 @@ async fn handle_object(
             if reason == "notification" {
                 return None;
             }
-            return Some(error_response(
+            return Some(Reply::error(
                 id,
                 Code::ProtocolInvalidRequest,
                 &message,
                 json!({"reason": reason, "estop_served": true, "receipt": receipt}),
             ));
         }
-        return Some(error_response(
+        return Some(Reply::error(
             id,
             Code::ProtocolInvalidRequest,
             &message,
@@ -222,14 +274,14 @@ async fn handle_object(
         if estop_target(&obj) || method == "mhs.safety.estop" {
             let receipt =
                 serve_malformed_estop(kernel, principal, &obj, "params is not an object").await;
-            return Some(error_response(
+            return Some(Reply::error(
                 id,
                 Code::ProtocolInvalidParams,
                 "params must be an object",
                 json!({"reason": "params_not_object", "estop_served": true, "receipt": receipt}),
             ));
         }
-        return Some(error_response(
+        return Some(Reply::error(
             id,
             Code::ProtocolInvalidParams,
             "params must be an object",
@@ -238,8 +290,8 @@ async fn handle_object(
     }
     let answer = dispatch(kernel, principal, &method, params).await;
     Some(match answer {
-        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-        Err(e) => api_error_response(id, e),
+        Ok(result) => Reply::Result { id, result },
+        Err(e) => Reply::Value(api_error_response(id, e)),
     })
 }
 
@@ -508,7 +560,56 @@ async fn serve_estop(kernel: &Kernel, p: &Principal, params: &Value) -> Result<V
     }
 }
 
+/// Routes one method. Commands and writes answer with the kernel's
+/// [`Answer`] (a receipt's canonical text spliced into the response); every
+/// other method answers a value.
 async fn dispatch(
+    kernel: &Kernel,
+    p: &Principal,
+    method: &str,
+    params: Value,
+) -> Result<Answer, ApiError> {
+    let is_estop = params.get("capability_id").and_then(Value::as_str) == Some(catalogue::ESTOP);
+    match method {
+        "mhs.resource.write" => {
+            let q: WriteParams = parse(params)?;
+            let req = CommandRequest {
+                session_id: q.session_id,
+                device_id: q.device_id,
+                capability_id: q.capability_id.unwrap_or_default(),
+                resource: Some(q.resource),
+                input: q.patch,
+                command_id: q.command_id,
+                deadline: deadline(q.deadline_ms)?,
+                expected_revision: q.expected_revision,
+                safe_place_grant: None,
+                permit_id: None,
+            };
+            kernel.write_answer(p, req, CancelToken::new()).await
+        }
+        "mhs.command" if !is_estop => {
+            let q: CommandParams = parse(params)?;
+            let req = CommandRequest {
+                session_id: q.session_id,
+                device_id: q.device_id,
+                capability_id: q.capability_id,
+                resource: q.resource,
+                input: q.input.unwrap_or_else(|| json!({})),
+                command_id: q.command_id,
+                deadline: deadline(q.deadline_ms)?,
+                expected_revision: q.expected_revision,
+                safe_place_grant: q.safe_place_grant,
+                permit_id: q.permit_id,
+            };
+            kernel.command_answer(p, req, CancelToken::new()).await
+        }
+        _ => dispatch_value(kernel, p, method, params)
+            .await
+            .map(Answer::from),
+    }
+}
+
+async fn dispatch_value(
     kernel: &Kernel,
     p: &Principal,
     method: &str,
@@ -582,22 +683,7 @@ async fn dispatch(
                 )
                 .await
         }
-        "mhs.resource.write" => {
-            let q: WriteParams = parse(params)?;
-            let req = CommandRequest {
-                session_id: q.session_id,
-                device_id: q.device_id,
-                capability_id: q.capability_id.unwrap_or_default(),
-                resource: Some(q.resource),
-                input: q.patch,
-                command_id: q.command_id,
-                deadline: deadline(q.deadline_ms)?,
-                expected_revision: q.expected_revision,
-                safe_place_grant: None,
-                permit_id: None,
-            };
-            kernel.write(p, req).await
-        }
+
         "mhs.command"
             if params.get("capability_id").and_then(Value::as_str) == Some(catalogue::ESTOP) =>
         {
@@ -609,22 +695,7 @@ async fn dispatch(
             }
             serve_estop(kernel, p, &stop).await
         }
-        "mhs.command" => {
-            let q: CommandParams = parse(params)?;
-            let req = CommandRequest {
-                session_id: q.session_id,
-                device_id: q.device_id,
-                capability_id: q.capability_id,
-                resource: q.resource,
-                input: q.input.unwrap_or_else(|| json!({})),
-                command_id: q.command_id,
-                deadline: deadline(q.deadline_ms)?,
-                expected_revision: q.expected_revision,
-                safe_place_grant: q.safe_place_grant,
-                permit_id: q.permit_id,
-            };
-            kernel.command(p, req).await
-        }
+
         "mhs.safety.estop" => serve_estop(kernel, p, &params).await,
         "mhs.safety.reset" => {
             let q: ResetParams = parse(params)?;

@@ -5,7 +5,7 @@
 //! task and answers are written as they complete, so an e-stop is answered
 //! while a long motion is still running.
 
-use crate::rpc::{error_response, handle_text};
+use crate::rpc::{error_response, handle_text, Reply};
 use serde_json::{json, Value};
 use tether_core::Code;
 use tether_kernel::{Kernel, Principal};
@@ -77,10 +77,10 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut rx) = mpsc::channel::<Value>(OUTBOX_DEPTH_MAX);
+    let (tx, mut rx) = mpsc::channel::<Reply>(OUTBOX_DEPTH_MAX);
     let writer_task = tokio::spawn(async move {
-        while let Some(v) = rx.recv().await {
-            let mut line = crate::json_bytes(&v);
+        while let Some(reply) = rx.recv().await {
+            let mut line = reply.to_bytes();
             line.push(b'\n');
             writer.write_all(&line).await?;
             writer.flush().await?;
@@ -99,7 +99,7 @@ where
                     "request too large",
                     json!({"limit_bytes": crate::REQUEST_BYTES_MAX, "size_bytes": n}),
                 );
-                if tx.send(e).await.is_err() {
+                if tx.send(Reply::Value(e)).await.is_err() {
                     break;
                 }
             }

@@ -36,12 +36,12 @@ fn commit(t: usize, i: usize) -> Commit {
             EventDraft {
                 kind: "command.started".into(),
                 body: json!({"command_id": id, "binding": "cap.motion.move.v1@axis", "device_id": "sim-arm",
-                             "principal": {"id": "agent-7", "kind": "agent"}, "input_digest": digest, "decision": "allow"}),
+                             "principal": {"id": "agent-7", "kind": "agent"}, "input_digest": digest, "decision": "allow"}).into(),
             },
             EventDraft {
                 kind: "command.receipt".into(),
                 body: json!({"command_id": id, "revisions": {"axis": i}, "latency_ms": 1.25,
-                             "receipt": {"command_id": id, "status": "completed", "output": {"position_mm": i as f64 * 0.5}}}),
+                             "receipt": {"command_id": id, "status": "completed", "output": {"position_mm": i as f64 * 0.5}}}).into(),
             },
         ],
         receipts: vec![ReceiptRef {
@@ -78,7 +78,7 @@ fn kernel_commit(t: usize, i: usize) -> Commit {
         events: vec![EventDraft {
             kind: "command.receipt".into(),
             body: json!({"admission": {"decision": "allow", "principal": {"id": "local", "kind": "agent"}, "risk": "R1",
-                         "session_id": "mhs_s_01M8NJVBMYFZB3YZ5GJCX3YZBC_beddf9afe047fc0d"}, "receipt": receipt}),
+                         "session_id": "mhs_s_01M8NJVBMYFZB3YZ5GJCX3YZBC_beddf9afe047fc0d"}, "receipt": receipt}).into(),
         }],
         receipts: vec![ReceiptRef {
             command_id: id,

@@ -152,6 +152,93 @@ fn write_object(
     Ok(())
 }
 
+/// The value of one member written by [`write_members`].
+#[derive(Debug, Clone, Copy)]
+pub enum Member<'a> {
+    /// `null`.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A non-negative integer (written as its f64 denotes, like any number).
+    U64(u64),
+    /// A string.
+    Str(&'a str),
+    /// Any JSON value, written canonically (depth-bounded).
+    Value(&'a Value),
+    /// Text this module already wrote in canonical form (an object, array or
+    /// scalar); copied as-is.
+    Canonical(&'a str),
+}
+
+/// Most members [`write_members`] sorts in place: the sort is an insertion
+/// sort (no allocation), quadratic only in this bound.
+pub const MAX_MEMBERS: usize = 64;
+
+/// Too many members, or a member nested deeper than allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MembersError {
+    /// More than [`MAX_MEMBERS`] members.
+    TooMany,
+    /// A `Value` member nested deeper than the limit.
+    TooDeep,
+}
+
+/// Append the canonical form of the object with `members`, without building
+/// a `Value` for it: a typed document (a receipt) is written straight to
+/// text. Members are sorted here in UTF-16 order (a stable insertion sort, so
+/// a list given already sorted costs one pass); when a name occurs more than
+/// once the last occurrence wins, as inserting into a map would. `Value`
+/// members may nest at most `max_depth` containers. On error `out` holds a
+/// partial serialisation and must be discarded.
+pub fn write_members(
+    members: &mut [(&str, Member<'_>)],
+    out: &mut String,
+    max_depth: usize,
+) -> Result<(), MembersError> {
+    if members.len() > MAX_MEMBERS {
+        return Err(MembersError::TooMany);
+    }
+    sort_members(members);
+    out.push('{');
+    let mut first = true;
+    for (i, (name, value)) in members.iter().enumerate() {
+        let shadowed = members.get(i + 1).is_some_and(|(next, _)| next == name);
+        if shadowed {
+            continue;
+        }
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        write_string(name, out);
+        out.push(':');
+        match *value {
+            Member::Null => out.push_str("null"),
+            Member::Bool(true) => out.push_str("true"),
+            Member::Bool(false) => out.push_str("false"),
+            Member::U64(u) => write_u64_number(u, out),
+            Member::Str(s) => write_string(s, out),
+            Member::Value(v) => {
+                write_value(v, out, max_depth).map_err(|_| MembersError::TooDeep)?
+            }
+            Member::Canonical(text) => out.push_str(text),
+        }
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// Stable insertion sort by UTF-16 name order; bounded by [`MAX_MEMBERS`].
+fn sort_members(members: &mut [(&str, Member<'_>)]) {
+    for i in 1..members.len() {
+        let mut j = i;
+        while j > 0 && cmp_utf16(members[j - 1].0, members[j].0) == Ordering::Greater {
+            members.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+}
+
 /// Compare two strings by their UTF-16 code units.
 ///
 /// UTF-8 byte order equals code point order, and code point order equals
@@ -308,8 +395,9 @@ pub fn write_u64(mut u: u64, out: &mut String) {
     }
 }
 
-/// Append a u64 as the canonical JSON number for its f64 value.
-pub(crate) fn write_u64_number(u: u64, out: &mut String) {
+/// Append a u64 as the canonical JSON number for its f64 value (exact up to
+/// 2^53, beyond as the f64 it rounds to).
+pub fn write_u64_number(u: u64, out: &mut String) {
     if u <= EXACT_INT {
         write_u64(u, out);
     } else {
@@ -321,6 +409,61 @@ pub(crate) fn write_u64_number(u: u64, out: &mut String) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn written_members_equal_the_canonical_form_of_the_same_object() {
+        let nested = json!({"z": [1.0, -0.0, 1e21], "a": {"y": "\u{1F600}", "b": null}});
+        let mut inner = String::new();
+        write_canonical(&json!({"k": 2, "e": true}), &mut inner);
+        let mut members = [
+            ("status", Member::Str("completed")),
+            ("output", Member::Value(&nested)),
+            ("\u{FF61}", Member::Bool(false)),
+            ("\u{1F600}", Member::Null),
+            ("big", Member::U64(u64::MAX)),
+            ("n", Member::U64(42)),
+            ("error", Member::Canonical(&inner)),
+            ("esc", Member::Str("a\"b\\c\n\u{1}")),
+        ];
+        let mut out = String::new();
+        write_members(&mut members, &mut out, 64).expect("written");
+        let expected = json!({
+            "status": "completed", "output": nested, "\u{FF61}": false, "\u{1F600}": null,
+            "big": u64::MAX, "n": 42, "error": {"k": 2, "e": true}, "esc": "a\"b\\c\n\u{1}",
+        });
+        assert_eq!(out, to_canonical_string(&expected));
+    }
+
+    #[test]
+    fn the_last_of_two_members_with_one_name_wins_and_limits_hold() {
+        let mut members = [
+            ("b", Member::U64(1)),
+            ("a", Member::Str("first")),
+            ("a", Member::Str("second")),
+        ];
+        let mut out = String::new();
+        write_members(&mut members, &mut out, 64).expect("written");
+        assert_eq!(out, r#"{"a":"second","b":1}"#);
+
+        let deep = json!([[[1]]]);
+        let mut out = String::new();
+        let mut members = [("d", Member::Value(&deep))];
+        assert_eq!(
+            write_members(&mut members, &mut out, 2),
+            Err(MembersError::TooDeep)
+        );
+        let mut out = String::new();
+        let mut members = [("d", Member::Value(&deep))];
+        assert_eq!(write_members(&mut members, &mut out, 3), Ok(()));
+
+        let names: Vec<String> = (0..=MAX_MEMBERS).map(|i| format!("m{i}")).collect();
+        let mut many: Vec<(&str, Member)> =
+            names.iter().map(|n| (n.as_str(), Member::Null)).collect();
+        assert_eq!(
+            write_members(&mut many, &mut String::new(), 64),
+            Err(MembersError::TooMany)
+        );
+    }
 
     fn num(f: f64) -> String {
         let mut s = String::new();

@@ -58,7 +58,70 @@ pub struct EventDraft {
     /// Event kind, e.g. `command.started`. Must be non-empty.
     pub kind: String,
     /// Event body; must be a JSON object.
-    pub body: Value,
+    pub body: EventBody,
+}
+
+/// The body of an event: a JSON value the store serialises, or an object the
+/// kernel already wrote in canonical form (the hot path of a command's
+/// receipt, which then never exists as a `Value`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventBody {
+    /// A value; must be an object.
+    Value(Value),
+    /// Canonical text of an object.
+    Canonical(CanonicalBody),
+}
+
+impl From<Value> for EventBody {
+    fn from(v: Value) -> Self {
+        EventBody::Value(v)
+    }
+}
+
+/// An event body already in RFC 8785 canonical form, as
+/// [`canonical::write_members`] writes it.
+///
+/// The store cannot afford to re-parse what the writer produced on every
+/// command, so it trusts the text's form; it still bounds its size, and a
+/// debug build parses it back and checks it is the canonical object it
+/// claims to be (every test run exercises that check).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CanonicalBody {
+    text: String,
+    receipt_command_id: Option<String>,
+}
+
+impl CanonicalBody {
+    /// A body whose text `text` is a canonical object. `receipt_command_id`
+    /// names the `command_id` of the receipt held as its `receipt` member,
+    /// when it holds one (what a [`ReceiptRef`] is checked against).
+    pub fn new(text: String, receipt_command_id: Option<String>) -> Self {
+        Self {
+            text,
+            receipt_command_id,
+        }
+    }
+
+    /// The canonical text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The `command_id` of the receipt this body holds, if any.
+    pub fn receipt_command_id(&self) -> Option<&str> {
+        self.receipt_command_id.as_deref()
+    }
+}
+
+impl EventBody {
+    /// The body as a value (parsing canonical text; `Null` if it does not
+    /// parse, which a body written by `write_members` always does).
+    pub fn to_value(&self) -> Value {
+        match self {
+            EventBody::Value(v) => v.clone(),
+            EventBody::Canonical(c) => serde_json::from_str(&c.text).unwrap_or(Value::Null),
+        }
+    }
 }
 
 /// The stored outcome of one command, keyed by its `command_id`.

@@ -8,7 +8,9 @@
 
 use crate::canonical::write_canonical_bounded;
 use crate::chain::{kind_json, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
-use crate::{BudgetRow, Commit, LatchRow, ReceiptRef, RevisionRow, StoreError};
+use crate::{
+    BudgetRow, CanonicalBody, Commit, EventBody, LatchRow, ReceiptRef, RevisionRow, StoreError,
+};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -73,6 +75,45 @@ fn bounded_json(v: &Value, what: &str) -> Result<String, StoreError> {
     Ok(s)
 }
 
+/// A debug build checks what a release build trusts: that a canonical body
+/// is an object, is the canonical text of what it parses to, fits the depth
+/// bound, and holds the receipt it names.
+fn debug_check_canonical(body: &CanonicalBody) {
+    #[cfg(debug_assertions)]
+    {
+        let parsed: Value = match serde_json::from_str(body.text()) {
+            Ok(v) => v,
+            Err(e) => panic!(
+                "a canonical event body does not parse: {e}: {}",
+                body.text()
+            ),
+        };
+        assert!(
+            parsed.is_object(),
+            "a canonical event body is not an object"
+        );
+        let mut again = String::with_capacity(body.text().len());
+        assert!(
+            write_canonical_bounded(&parsed, &mut again, MAX_BODY_DEPTH).is_ok(),
+            "a canonical event body is nested deeper than {MAX_BODY_DEPTH}"
+        );
+        assert_eq!(again, body.text(), "an event body claimed canonical is not");
+        let held = parsed
+            .get("receipt")
+            .and_then(|r| r.get("command_id"))
+            .and_then(Value::as_str);
+        if let Some(id) = body.receipt_command_id() {
+            assert_eq!(
+                held,
+                Some(id),
+                "a canonical body does not hold the receipt it names"
+            );
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = body;
+}
+
 fn fits_i64(v: u64, what: &str) -> Result<(), StoreError> {
     if v > i64::MAX as u64 {
         return Err(invalid(format!(
@@ -94,11 +135,13 @@ fn check_receipt_ref(r: &ReceiptRef, events: &[crate::EventDraft]) -> Result<(),
             events.len()
         )));
     };
-    let held = event
-        .body
-        .get("receipt")
-        .and_then(|d| d.get("command_id"))
-        .and_then(Value::as_str);
+    let held = match &event.body {
+        EventBody::Value(body) => body
+            .get("receipt")
+            .and_then(|d| d.get("command_id"))
+            .and_then(Value::as_str),
+        EventBody::Canonical(body) => body.receipt_command_id(),
+    };
     if held != Some(r.command_id.as_str()) {
         return Err(invalid(format!(
             "event {} ({:?}) does not hold the receipt of command_id {:?} as its `receipt` member",
@@ -137,13 +180,21 @@ pub(crate) fn prepare(c: &Commit, keep_documents: bool) -> Result<Prepared, Stor
         if e.kind.is_empty() {
             return Err(invalid("event kind is empty"));
         }
-        if !e.body.is_object() {
-            return Err(invalid(format!(
-                "body of event {:?} is not a JSON object",
-                e.kind
-            )));
-        }
-        let body_json = bounded_json(&e.body, "event body")?;
+        let body_json = match &e.body {
+            EventBody::Value(body) => {
+                if !body.is_object() {
+                    return Err(invalid(format!(
+                        "body of event {:?} is not a JSON object",
+                        e.kind
+                    )));
+                }
+                bounded_json(body, "event body")?
+            }
+            EventBody::Canonical(body) => {
+                debug_check_canonical(body);
+                body.text().to_owned()
+            }
+        };
         let kind_json = kind_json(&e.kind);
         if body_json.len() + kind_json.len() + ENTRY_OVERHEAD > MAX_ENTRY_BYTES {
             return Err(invalid(format!(
@@ -204,10 +255,12 @@ pub(crate) fn prepare(c: &Commit, keep_documents: bool) -> Result<Prepared, Stor
     for row in &c.receipts {
         // check_receipt_ref proved the event and its `receipt` member exist.
         let document = if keep_documents {
-            c.events
-                .get(row.event)
-                .and_then(|e| e.body.get("receipt"))
-                .cloned()
+            c.events.get(row.event).and_then(|e| match &e.body {
+                EventBody::Value(body) => body.get("receipt").cloned(),
+                EventBody::Canonical(body) => serde_json::from_str::<Value>(body.text())
+                    .ok()
+                    .and_then(|mut v| v.get_mut("receipt").map(Value::take)),
+            })
         } else {
             None
         };

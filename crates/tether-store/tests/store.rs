@@ -14,7 +14,7 @@ use tether_store::{
 fn event(kind: &str, body: serde_json::Value) -> EventDraft {
     EventDraft {
         kind: kind.into(),
-        body,
+        body: body.into(),
     }
 }
 

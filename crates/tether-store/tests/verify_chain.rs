@@ -10,7 +10,7 @@ use tether_store::{Commit, EventDraft, MemoryStore, SqliteStore, Store};
 fn event(kind: &str, body: serde_json::Value) -> EventDraft {
     EventDraft {
         kind: kind.into(),
-        body,
+        body: body.into(),
     }
 }
 

@@ -448,7 +448,7 @@ impl Gateway {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "invocation.accepted".into(),
-                body: event,
+                body: event.into(),
             }],
             invocations: vec![InvocationRow {
                 invocation_id: inv_id.to_owned(),
@@ -537,7 +537,7 @@ impl Gateway {
             Commit {
                 events: vec![EventDraft {
                     kind: "invocation.finished".into(),
-                    body: json!({"invocation_id": inv_id, "command_id": info["command_id"], "status": info["status"], "receipt_id": info["receipt"]["receipt_id"]}),
+                    body: json!({"invocation_id": inv_id, "command_id": info["command_id"], "status": info["status"], "receipt_id": info["receipt"]["receipt_id"]}).into(),
                 }],
                 invocations: vec![InvocationRow {
                     invocation_id: inv_id.to_owned(),

@@ -1,0 +1,328 @@
+//! What a command answers, and a receipt written once as canonical text.
+//!
+//! The common command (dispatched, completed, durable) renders its receipt
+//! once, straight from typed fields into RFC 8785 text: that text goes into
+//! the evidence entry and is what the caller is answered with, so the
+//! receipt never exists as a `serde_json::Value` tree on the hot path. The
+//! surfaces splice the text into their envelopes. Every other answer (a
+//! refusal, a replay, a read, an e-stop receipt) is a `Value` as before.
+//!
+//! Both forms denote the same document: the text is canonical, so parsing it
+//! gives what the chain gives back on a replay (numbers in canonical form).
+
+use serde_json::Value;
+use tether_core::{Receipt, Refusal};
+use tether_store::canonical::{self, Member, MembersError};
+use tether_store::MAX_BODY_DEPTH;
+
+/// A command's answer: a document as a value or as canonical JSON text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// A JSON document.
+    Value(Value),
+    /// The canonical text of a JSON object (a receipt).
+    Canonical(String),
+}
+
+impl From<Value> for Answer {
+    fn from(v: Value) -> Self {
+        Answer::Value(v)
+    }
+}
+
+impl Answer {
+    /// The document as a value (parses canonical text).
+    pub fn into_value(self) -> Value {
+        match self {
+            Answer::Value(v) => v,
+            Answer::Canonical(text) => parse_canonical(&text),
+        }
+    }
+
+    /// Appends the document as JSON to `out`.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Answer::Value(v) => {
+                if let Err(e) = serde_json::to_writer(&mut *out, v) {
+                    // A `Value` always serialises; keep the output JSON if not.
+                    tracing::error!(error = %e, "an answer could not be serialised");
+                    out.extend_from_slice(b"null");
+                }
+            }
+            Answer::Canonical(text) => out.extend_from_slice(text.as_bytes()),
+        }
+    }
+
+    /// The document's `status` member, when it is a string.
+    pub fn status(&self) -> Option<&str> {
+        match self {
+            Answer::Value(v) => v.get("status").and_then(Value::as_str),
+            Answer::Canonical(text) => top_level_string(text, "status"),
+        }
+    }
+}
+
+/// Parses text this crate wrote canonically; `Null` (logged) if it does not
+/// parse, which would be a defect of the writer.
+fn parse_canonical(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| {
+        debug_assert!(false, "canonical text does not parse: {e}");
+        tracing::error!(error = %e, "a canonical answer does not parse");
+        Value::Null
+    })
+}
+
+/// The string value of top-level member `name` of canonical object text,
+/// for a value without escapes (a status word); `None` otherwise.
+fn top_level_string<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    // Walk the top level only: skip strings and nested containers.
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = 0usize;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                let start = i + 1;
+                i = start;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                let key = text.get(start..i)?;
+                i += 1;
+                if depth == 1 && key == name && bytes.get(i) == Some(&b':') {
+                    let vstart = i + 2;
+                    if bytes.get(i + 1) != Some(&b'"') {
+                        return None;
+                    }
+                    let vend = vstart + text.get(vstart..)?.find('"')?;
+                    return text.get(vstart..vend).filter(|v| !v.ends_with('\\'));
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// How deep a document member of a receipt may nest: the receipt sits one
+/// level inside its event body, and the body as a whole is bounded.
+const RECEIPT_MEMBER_DEPTH: usize = MAX_BODY_DEPTH - 2;
+
+/// Receipt members the kernel adds beside the typed ones (the same names
+/// `Kernel::receipt` puts in `extra` on the value path).
+pub(crate) struct ReceiptExtras<'a> {
+    pub latency_us: u64,
+    pub policy: Option<&'a Value>,
+    pub approval_id: Option<&'a str>,
+    pub operation_id: Option<&'a str>,
+}
+
+/// Appends the canonical text of `r` with `extras` (and `r.extra`) to
+/// `out`: the same document `Receipt::into_json` builds, with the extras
+/// inserted, in canonical form.
+///
+/// # Errors
+/// A member nested deeper than the evidence bound allows; `out` is then
+/// partial and must be discarded.
+pub(crate) fn write_receipt(
+    r: &Receipt,
+    extras: &ReceiptExtras<'_>,
+    out: &mut String,
+) -> Result<(), MembersError> {
+    let mut error_text = String::new();
+    if let Some(e) = &r.error {
+        write_refusal(e, &mut error_text)?;
+    }
+    fn opt_u64(v: Option<u64>) -> Member<'static> {
+        v.map_or(Member::Null, Member::U64)
+    }
+    fn opt_str(v: Option<&str>) -> Member<'_> {
+        v.map_or(Member::Null, Member::Str)
+    }
+    let mut members: Vec<(&str, Member<'_>)> = Vec::with_capacity(20 + r.extra.len());
+    // In UTF-16 order already, so the sort is one pass.
+    members.extend([
+        ("accepted_at_ms", Member::U64(r.accepted_at_ms)),
+        ("capability_id", Member::Str(&r.capability_id)),
+        ("command_id", Member::Str(&r.command_id)),
+        ("completed_at_ms", Member::U64(r.completed_at_ms)),
+        ("decision", opt_str(r.decision)),
+        ("device_id", Member::Str(&r.device_id)),
+        (
+            "error",
+            if r.error.is_some() {
+                Member::Canonical(&error_text)
+            } else {
+                Member::Null
+            },
+        ),
+        ("input_digest", Member::Str(&r.input_digest)),
+        ("mode", Member::Str(r.mode)),
+        (
+            "output",
+            r.output.as_ref().map_or(Member::Null, Member::Value),
+        ),
+        ("receipt_id", Member::Str(&r.receipt_id)),
+        ("replayed", Member::Bool(false)),
+        ("resource", opt_str(r.resource.as_deref())),
+        ("state_revision_after", opt_u64(r.state_revision_after)),
+        ("state_revision_before", opt_u64(r.state_revision_before)),
+        ("status", Member::Str(r.status.as_str())),
+    ]);
+    // As on the value path: `extra` members are inserted after the fixed
+    // ones (a name in both takes the extra's value), the kernel's after those.
+    members.extend(r.extra.iter().map(|(k, v)| (k.as_str(), Member::Value(v))));
+    members.push(("latency_us", Member::U64(extras.latency_us)));
+    if let Some(p) = extras.policy {
+        members.push(("policy", Member::Value(p)));
+    }
+    if let Some(id) = extras.approval_id {
+        members.push(("approval_id", Member::Str(id)));
+    }
+    if let Some(id) = extras.operation_id {
+        members.push(("operation_id", Member::Str(id)));
+    }
+    canonical::write_members(&mut members, out, RECEIPT_MEMBER_DEPTH)
+}
+
+/// The wire error object of a receipt (`Refusal::to_json`), canonically.
+fn write_refusal(e: &Refusal, out: &mut String) -> Result<(), MembersError> {
+    let mut members = [
+        ("details", Member::Value(&e.details)),
+        ("message", Member::Str(&e.message)),
+        ("mhs_code", Member::Str(e.code.as_str())),
+        ("retryable", Member::Bool(e.code.retryable())),
+    ];
+    canonical::write_members(&mut members, out, RECEIPT_MEMBER_DEPTH - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Map};
+    use tether_core::{Code, Status};
+
+    fn receipt(status: Status, error: Option<Refusal>, output: Option<Value>) -> Receipt {
+        let mut extra = Map::new();
+        extra.insert("x-note".into(), json!({"b": 1.0, "a": [true]}));
+        Receipt {
+            receipt_id: "rcpt_01".into(),
+            command_id: "01CMD".into(),
+            device_id: "thermostat-1".into(),
+            capability_id: "cap.thermal.setpoint.v1".into(),
+            resource: Some("main".into()),
+            status,
+            output,
+            error,
+            input_digest: "sha256:00".into(),
+            state_revision_before: Some(3),
+            state_revision_after: None,
+            decision: Some("allow"),
+            mode: "simulated",
+            accepted_at_ms: 1_700_000_000_000,
+            completed_at_ms: 1_700_000_000_001,
+            extra,
+        }
+    }
+
+    /// The value path's document for the same receipt and extras.
+    fn value_path(r: &Receipt, x: &ReceiptExtras<'_>) -> Value {
+        let mut v = r.clone().into_json();
+        v["latency_us"] = json!(x.latency_us);
+        if let Some(p) = x.policy {
+            v["policy"] = p.clone();
+        }
+        if let Some(id) = x.approval_id {
+            v["approval_id"] = json!(id);
+        }
+        if let Some(id) = x.operation_id {
+            v["operation_id"] = json!(id);
+        }
+        canonical::normalize_numbers(&mut v);
+        v
+    }
+
+    #[test]
+    fn the_written_receipt_is_the_canonical_form_of_the_value_path_receipt() {
+        let policy = json!({"decision": "allow", "policies": ["p"], "reason": "r \"q\""});
+        let refusal = Refusal::new(
+            Code::SafetyEnvelopeViolation,
+            "above max",
+            json!({"path": "/t", "bound": 90.0, "value": 1e300}),
+        );
+        let cases = [
+            receipt(
+                Status::Completed,
+                None,
+                Some(json!({"target_temperature": 51.0})),
+            ),
+            receipt(Status::Failed, Some(refusal.clone()), None),
+            receipt(Status::Cancelled, Some(refusal), Some(json!([1, -0.0]))),
+            receipt(Status::Unknown, None, None),
+        ];
+        for r in &cases {
+            for x in [
+                ReceiptExtras {
+                    latency_us: 17,
+                    policy: Some(&policy),
+                    approval_id: Some("appr_1"),
+                    operation_id: Some("op_1"),
+                },
+                ReceiptExtras {
+                    latency_us: 0,
+                    policy: None,
+                    approval_id: None,
+                    operation_id: None,
+                },
+            ] {
+                let mut text = String::new();
+                write_receipt(r, &x, &mut text).expect("written");
+                let expected = value_path(r, &x);
+                assert_eq!(text, canonical::to_canonical_string(&expected));
+                let answer = Answer::Canonical(text);
+                assert_eq!(answer.status(), Some(r.status.as_str()));
+                assert_eq!(answer.clone().into_value(), expected);
+                let mut bytes = Vec::new();
+                answer.write_json(&mut bytes);
+                assert_eq!(serde_json::from_slice::<Value>(&bytes).ok(), Some(expected));
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_nested_past_the_evidence_bound_is_refused() {
+        let mut deep = json!(1);
+        for _ in 0..RECEIPT_MEMBER_DEPTH + 1 {
+            deep = json!([deep]);
+        }
+        let r = receipt(Status::Completed, None, Some(deep));
+        let x = ReceiptExtras {
+            latency_us: 1,
+            policy: None,
+            approval_id: None,
+            operation_id: None,
+        };
+        assert_eq!(
+            write_receipt(&r, &x, &mut String::new()),
+            Err(MembersError::TooDeep)
+        );
+    }
+
+    #[test]
+    fn status_is_read_from_the_top_level_only() {
+        let a = Answer::Canonical(
+            r#"{"output":{"status":"nested"},"s":"\"status\":","status":"completed"}"#.into(),
+        );
+        assert_eq!(a.status(), Some("completed"));
+        let b = Answer::Canonical(r#"{"output":{"status":"nested"}}"#.into());
+        assert_eq!(b.status(), None);
+        assert_eq!(
+            Answer::Value(json!({"status": "failed"})).status(),
+            Some("failed")
+        );
+    }
+}
