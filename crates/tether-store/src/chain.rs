@@ -8,6 +8,7 @@
 //! object, `hash` included, so every byte of it is determined by its content.
 
 use crate::canonical::{self, sha256_hex, write_string, write_u64_number};
+use crate::StoreError;
 use serde_json::{Map, Value};
 
 /// `prev_hash` of the first entry.
@@ -185,6 +186,26 @@ pub(crate) fn is_hash_hex(s: &str) -> bool {
     s.len() == 64
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The receipt of `command_id` out of the chain entry `line` that records it.
+pub(crate) fn receipt_from_entry(command_id: &str, line: &str) -> Result<Value, StoreError> {
+    let mut entry: Value = serde_json::from_str(line).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "stored chain entry for {command_id:?} is not valid JSON: {e}"
+        ))
+    })?;
+    let receipt = entry
+        .get_mut("body")
+        .and_then(|b| b.get_mut("receipt"))
+        .map(Value::take)
+        .unwrap_or(Value::Null);
+    if receipt.get("command_id").and_then(Value::as_str) != Some(command_id) {
+        return Err(StoreError::Corrupt(format!(
+            "the chain entry indexed for command_id {command_id:?} does not hold its receipt"
+        )));
+    }
+    Ok(receipt)
 }
 
 #[cfg(test)]

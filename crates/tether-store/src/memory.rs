@@ -12,12 +12,20 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A receipt's index row: its id, digest and the entry that holds it.
+struct StoredReceipt {
+    command_id: String,
+    input_digest: String,
+    seq: u64,
+}
+
 #[derive(Default)]
 struct State {
     /// `(hash, line)`; the entry at index i has seq i + 1.
     events: Vec<(String, String)>,
-    /// Receipts in insertion order, and their index by command_id.
-    receipts: Vec<ReceiptRow>,
+    /// Receipts in insertion order (the document is read back from its
+    /// entry, as SQLite does), and their index by command_id.
+    receipts: Vec<StoredReceipt>,
     receipt_index: HashMap<String, usize>,
     revisions: BTreeMap<(String, String), u64>,
     latches: BTreeMap<String, LatchRow>,
@@ -92,8 +100,6 @@ struct MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    const KEEPS_RECEIPT_DOCUMENTS: bool = true;
-
     fn apply_batch(
         &mut self,
         batch: &[Job],
@@ -143,11 +149,11 @@ impl Backend for MemoryBackend {
             for r in &c.receipts {
                 let at = st.receipts.len();
                 st.receipt_index.insert(r.row.command_id.clone(), at);
-                st.receipts.push(ReceiptRow {
+                st.receipts.push(StoredReceipt {
                     command_id: r.row.command_id.clone(),
                     input_digest: r.row.input_digest.clone(),
-                    // prepare() moved the document out of its event body.
-                    receipt: r.document.clone().unwrap_or(Value::Null),
+                    // prepare() checked that `event` indexes this commit's events.
+                    seq: first_seq + r.row.event as u64,
                 });
             }
             for r in &c.revisions {
@@ -218,11 +224,27 @@ impl Store for MemoryStore {
 
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         let st = lock(&self.state);
-        Ok(st
+        let Some(r) = st
             .receipt_index
             .get(command_id)
             .and_then(|&i| st.receipts.get(i))
-            .cloned())
+        else {
+            return Ok(None);
+        };
+        let line = r
+            .seq
+            .checked_sub(1)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| st.events.get(i))
+            .map(|(_, line)| line.as_str())
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("no entry {} for command_id {command_id:?}", r.seq))
+            })?;
+        Ok(Some(ReceiptRow {
+            command_id: r.command_id.clone(),
+            input_digest: r.input_digest.clone(),
+            receipt: crate::chain::receipt_from_entry(command_id, line)?,
+        }))
     }
 
     fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {

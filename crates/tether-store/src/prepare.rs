@@ -30,9 +30,6 @@ pub(crate) struct PreparedEvent {
 
 pub(crate) struct PreparedReceipt {
     pub row: ReceiptRef,
-    /// The receipt document, copied out of its event's body; kept only for a
-    /// backend that holds documents in memory.
-    pub document: Option<Value>,
 }
 
 pub(crate) struct PreparedLatch {
@@ -152,9 +149,9 @@ fn check_receipt_ref(r: &ReceiptRef, events: &[crate::EventDraft]) -> Result<(),
 }
 
 /// Validates and serialises `c` from a borrow: event bodies become canonical
-/// text, rows are copied (they are small). With `keep_documents`, each
-/// receipt document is copied out of its event body for the backend.
-pub(crate) fn prepare(c: &Commit, keep_documents: bool) -> Result<Prepared, StoreError> {
+/// text, rows are copied (they are small). Receipt documents stay in their
+/// event bodies, where every backend reads them back.
+pub(crate) fn prepare(c: &Commit) -> Result<Prepared, StoreError> {
     let counts = [
         ("events", c.events.len()),
         ("receipts", c.receipts.len()),
@@ -251,24 +248,11 @@ pub(crate) fn prepare(c: &Commit, keep_documents: bool) -> Result<Prepared, Stor
         fits_i64(r.revision, "revision")?;
     }
 
-    let mut receipts = Vec::with_capacity(c.receipts.len());
-    for row in &c.receipts {
-        // check_receipt_ref proved the event and its `receipt` member exist.
-        let document = if keep_documents {
-            c.events.get(row.event).and_then(|e| match &e.body {
-                EventBody::Value(body) => body.get("receipt").cloned(),
-                EventBody::Canonical(body) => serde_json::from_str::<Value>(body.text())
-                    .ok()
-                    .and_then(|mut v| v.get_mut("receipt").map(Value::take)),
-            })
-        } else {
-            None
-        };
-        receipts.push(PreparedReceipt {
-            row: row.clone(),
-            document,
-        });
-    }
+    let receipts = c
+        .receipts
+        .iter()
+        .map(|row| PreparedReceipt { row: row.clone() })
+        .collect();
     let mut latches = Vec::with_capacity(c.latches.len());
     for row in &c.latches {
         let info_json = bounded_json(&row.info, "latch info")?;

@@ -260,9 +260,11 @@ impl SqliteStore {
 
         let backend = SqliteBackend {
             conn,
-            head,
-            scratch: String::with_capacity(256),
-            batch_revisions: std::collections::HashMap::new(),
+            chain: ChainState {
+                head,
+                scratch: String::with_capacity(256),
+                batch_revisions: std::collections::HashMap::new(),
+            },
         };
         let writer = Writer::spawn(backend, "tether-store-writer")?;
         let checkpointer = Checkpointer::spawn(&path)?;
@@ -388,6 +390,12 @@ fn load_head(conn: &Connection) -> Result<Head, StoreError> {
 
 struct SqliteBackend {
     conn: Connection,
+    chain: ChainState,
+}
+
+/// The writer's state beside its connection (kept apart so a batch can hold
+/// statements prepared on the connection while it advances the chain).
+struct ChainState {
     head: Head,
     /// Reused buffer for sealing entries.
     scratch: String,
@@ -396,22 +404,41 @@ struct SqliteBackend {
     batch_revisions: std::collections::HashMap<(String, String), u64>,
 }
 
-impl Backend for SqliteBackend {
-    const KEEPS_RECEIPT_DOCUMENTS: bool = false;
+/// The statements every command's commit runs, prepared once per batch
+/// instead of looked up in the statement cache once per commit.
+struct HotStatements<'c> {
+    receipt_exists: rusqlite::CachedStatement<'c>,
+    insert_event: rusqlite::CachedStatement<'c>,
+    insert_receipt: rusqlite::CachedStatement<'c>,
+}
 
+impl<'c> HotStatements<'c> {
+    fn prepare(conn: &'c Connection) -> Result<Self, StoreError> {
+        Ok(Self {
+            receipt_exists: conn.prepare_cached("SELECT 1 FROM receipts WHERE command_id = ?1")?,
+            insert_event: conn
+                .prepare_cached("INSERT INTO events(seq, hash, line) VALUES (?1, ?2, ?3)")?,
+            insert_receipt: conn.prepare_cached(
+                "INSERT INTO receipts(seq, command_id, input_digest) VALUES (?1, ?2, ?3)",
+            )?,
+        })
+    }
+}
+
+impl Backend for SqliteBackend {
     fn apply_batch(
         &mut self,
         batch: &[Job],
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError> {
-        let saved = self.head.clone();
+        let saved = self.chain.head.clone();
         let outcome = self.try_batch(batch, ts_ms, results);
         if outcome.is_err() {
             // Nothing of the batch may survive: undo the transaction (harmless
             // if BEGIN itself failed) and the head advanced by it.
             let _ = self.conn.execute_batch("ROLLBACK");
-            self.head = saved;
+            self.chain.head = saved;
             results.clear();
         }
         outcome
@@ -429,10 +456,13 @@ impl SqliteBackend {
         // race with another process appending.
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         self.reconcile_head()?;
-        self.batch_revisions.clear();
-        for job in batch {
-            let r = self.apply_one(job, ts_ms)?;
-            results.push(r);
+        self.chain.batch_revisions.clear();
+        {
+            let mut hot = HotStatements::prepare(&self.conn)?;
+            for job in batch {
+                let r = apply_one(&self.conn, &mut self.chain, &mut hot, job, ts_ms)?;
+                results.push(r);
+            }
         }
         self.write_batch_revisions()?;
         self.conn.prepare_cached("COMMIT")?.execute([])?;
@@ -441,7 +471,7 @@ impl SqliteBackend {
 
     /// The batch's revisions, one upsert per resource.
     fn write_batch_revisions(&mut self) -> Result<(), StoreError> {
-        if self.batch_revisions.is_empty() {
+        if self.chain.batch_revisions.is_empty() {
             return Ok(());
         }
         let mut upsert = self.conn.prepare_cached(
@@ -449,7 +479,7 @@ impl SqliteBackend {
             "INSERT INTO revisions(device_id, resource, revision) VALUES (?1, ?2, ?3)
              ON CONFLICT(device_id, resource) DO UPDATE SET revision = MAX(revision, excluded.revision)",
         )?;
-        for ((device_id, resource), revision) in self.batch_revisions.drain() {
+        for ((device_id, resource), revision) in self.chain.batch_revisions.drain() {
             // prepare() checked the range, so the conversion cannot fail.
             upsert.execute(params![device_id, resource, seq_to_db(revision)?])?;
         }
@@ -470,46 +500,46 @@ impl SqliteBackend {
             None => 0,
         };
         let same = match &db {
-            Some((_, h)) => db_seq == self.head.seq && *h == self.head.hash,
-            None => self.head.seq == 0,
+            Some((_, h)) => db_seq == self.chain.head.seq && *h == self.chain.head.hash,
+            None => self.chain.head.seq == 0,
         };
         if same {
             return Ok(());
         }
-        if db_seq > self.head.seq {
-            self.head = load_head(&self.conn)?;
+        if db_seq > self.chain.head.seq {
+            self.chain.head = load_head(&self.conn)?;
             return Ok(());
         }
         Err(StoreError::Corrupt(format!(
             "the database chain head (seq {db_seq}) disagrees with the writer's (seq {})",
-            self.head.seq
+            self.chain.head.seq
         )))
     }
+}
 
-    /// Apply one commit inside the open transaction. The outer error aborts
-    /// the batch; the inner one fails only this commit and is returned before
-    /// anything of it is written.
-    fn apply_one(
-        &mut self,
-        job: &Job,
-        ts_ms: u64,
-    ) -> Result<Result<CommitAck, StoreError>, StoreError> {
-        let c = &job.commit;
-        {
-            let mut exists = self
-                .conn
-                .prepare_cached("SELECT 1 FROM receipts WHERE command_id = ?1")?;
-            for r in &c.receipts {
-                if exists.exists([&r.row.command_id])? {
-                    return Ok(Err(StoreError::Conflict(format!(
-                        "a receipt for command_id {:?} is already stored",
-                        r.row.command_id
-                    ))));
-                }
+/// Apply one commit inside the open transaction. The outer error aborts
+/// the batch; the inner one fails only this commit and is returned before
+/// anything of it is written.
+fn apply_one(
+    conn: &Connection,
+    chain: &mut ChainState,
+    hot: &mut HotStatements<'_>,
+    job: &Job,
+    ts_ms: u64,
+) -> Result<Result<CommitAck, StoreError>, StoreError> {
+    let c = &job.commit;
+    {
+        for r in &c.receipts {
+            if hot.receipt_exists.exists([&r.row.command_id])? {
+                return Ok(Err(StoreError::Conflict(format!(
+                    "a receipt for command_id {:?} is already stored",
+                    r.row.command_id
+                ))));
             }
-            let mut exists = self
-                .conn
-                .prepare_cached("SELECT 1 FROM budget WHERE reservation_id = ?1")?;
+        }
+        if !c.budget_draws.is_empty() {
+            let mut exists =
+                conn.prepare_cached("SELECT 1 FROM budget WHERE reservation_id = ?1")?;
             for b in &c.budget_draws {
                 if exists.exists([&b.reservation_id])? {
                     return Ok(Err(StoreError::Conflict(format!(
@@ -519,146 +549,121 @@ impl SqliteBackend {
                 }
             }
         }
-
-        let first_seq = self.head.seq + 1;
-        if !c.events.is_empty() {
-            let mut insert = self
-                .conn
-                .prepare_cached("INSERT INTO events(seq, hash, line) VALUES (?1, ?2, ?3)")?;
-            for e in &c.events {
-                let seq = self.head.seq + 1;
-                let sealed = seal(
-                    seq,
-                    ts_ms,
-                    &e.kind_json,
-                    &e.body_json,
-                    &self.head.hash,
-                    &mut self.scratch,
-                );
-                insert.execute(params![seq_to_db(seq)?, &sealed.hash, &sealed.line])?;
-                self.head = Head {
-                    seq,
-                    hash: sealed.hash,
-                };
-            }
-        }
-        if !c.receipts.is_empty() {
-            let mut insert = self.conn.prepare_cached(
-                "INSERT INTO receipts(seq, command_id, input_digest) VALUES (?1, ?2, ?3)",
-            )?;
-            for r in &c.receipts {
-                // prepare() checked that `event` indexes this commit's events.
-                let seq = first_seq + r.row.event as u64;
-                debug_assert!(seq <= self.head.seq);
-                insert.execute(params![
-                    seq_to_db(seq)?,
-                    &r.row.command_id,
-                    &r.row.input_digest
-                ])?;
-            }
-        }
-        // Revisions only ever rise (the highest wins), so a batch's are
-        // gathered and written once per resource before COMMIT.
-        for r in &c.revisions {
-            let slot = self
-                .batch_revisions
-                .entry((r.device_id.clone(), r.resource.clone()))
-                .or_insert(0);
-            *slot = (*slot).max(r.revision);
-        }
-        if !c.latches.is_empty() {
-            let mut upsert = self.conn.prepare_cached(
-                "INSERT INTO latches(device_id, latched, info) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(device_id) DO UPDATE SET latched = excluded.latched, info = excluded.info",
-            )?;
-            for l in &c.latches {
-                upsert.execute(params![&l.row.device_id, l.row.latched, &l.info_json])?;
-            }
-        }
-        if !c.budget_draws.is_empty() {
-            let mut insert = self.conn.prepare_cached(
-                "INSERT INTO budget(reservation_id, key, amount, ts_ms, released) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?;
-            for b in &c.budget_draws {
-                insert.execute(params![
-                    &b.reservation_id,
-                    &b.key,
-                    b.amount,
-                    seq_to_db(b.ts_ms)?,
-                    b.released
-                ])?;
-            }
-        }
-        if !c.budget_releases.is_empty() {
-            let mut release = self
-                .conn
-                .prepare_cached("UPDATE budget SET released = 1 WHERE reservation_id = ?1")?;
-            for id in &c.budget_releases {
-                release.execute([id])?;
-            }
-        }
-        if !c.open_ops.is_empty() {
-            let mut upsert = self.conn.prepare_cached(
-                "INSERT INTO open_ops(command_id, info) VALUES (?1, ?2)
-                 ON CONFLICT(command_id) DO UPDATE SET info = excluded.info",
-            )?;
-            for (op, info) in &c.open_ops {
-                upsert.execute(params![&op.command_id, info])?;
-            }
-        }
-        if !c.closed_ops.is_empty() {
-            let mut delete = self
-                .conn
-                .prepare_cached("DELETE FROM open_ops WHERE command_id = ?1")?;
-            for id in &c.closed_ops {
-                delete.execute([id])?;
-            }
-        }
-        if !c.approvals.is_empty() {
-            let mut upsert = self.conn.prepare_cached(
-                "INSERT INTO approvals(approval_id, record, created_seq) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record",
-            )?;
-            for (a, record_json) in &c.approvals {
-                upsert.execute(params![
-                    &a.approval_id,
-                    record_json,
-                    seq_to_db(self.head.seq)?
-                ])?;
-            }
-        }
-        if !c.invocations.is_empty() {
-            let mut upsert = self.conn.prepare_cached(
-                "INSERT INTO invocations(invocation_id, info) VALUES (?1, ?2)
-                 ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info",
-            )?;
-            for (row, info) in &c.invocations {
-                upsert.execute(params![&row.invocation_id, info])?;
-            }
-        }
-        Ok(Ok(CommitAck {
-            first_seq,
-            last_seq: self.head.seq,
-            head_hash: self.head.hash.clone(),
-        }))
     }
-}
 
-/// The receipt of `command_id` out of the chain entry `line` that records it.
-fn receipt_from_entry(command_id: &str, line: &str) -> Result<Value, StoreError> {
-    let mut entry: Value =
-        serde_json::from_str(line).map_err(|e| corrupt_json("chain entry", command_id, e))?;
-    let receipt = entry
-        .get_mut("body")
-        .and_then(|b| b.get_mut("receipt"))
-        .map(Value::take)
-        .unwrap_or(Value::Null);
-    if receipt.get("command_id").and_then(Value::as_str) != Some(command_id) {
-        return Err(StoreError::Corrupt(format!(
-            "the chain entry indexed for command_id {command_id:?} does not hold its receipt"
-        )));
+    let first_seq = chain.head.seq + 1;
+    if !c.events.is_empty() {
+        for e in &c.events {
+            let seq = chain.head.seq + 1;
+            let sealed = seal(
+                seq,
+                ts_ms,
+                &e.kind_json,
+                &e.body_json,
+                &chain.head.hash,
+                &mut chain.scratch,
+            );
+            hot.insert_event
+                .execute(params![seq_to_db(seq)?, &sealed.hash, &sealed.line])?;
+            chain.head = Head {
+                seq,
+                hash: sealed.hash,
+            };
+        }
     }
-    Ok(receipt)
+    if !c.receipts.is_empty() {
+        for r in &c.receipts {
+            // prepare() checked that `event` indexes this commit's events.
+            let seq = first_seq + r.row.event as u64;
+            debug_assert!(seq <= chain.head.seq);
+            hot.insert_receipt.execute(params![
+                seq_to_db(seq)?,
+                &r.row.command_id,
+                &r.row.input_digest
+            ])?;
+        }
+    }
+    // Revisions only ever rise (the highest wins), so a batch's are
+    // gathered and written once per resource before COMMIT.
+    for r in &c.revisions {
+        let slot = chain
+            .batch_revisions
+            .entry((r.device_id.clone(), r.resource.clone()))
+            .or_insert(0);
+        *slot = (*slot).max(r.revision);
+    }
+    if !c.latches.is_empty() {
+        let mut upsert = conn.prepare_cached(
+            "INSERT INTO latches(device_id, latched, info) VALUES (?1, ?2, ?3)
+             ON CONFLICT(device_id) DO UPDATE SET latched = excluded.latched, info = excluded.info",
+        )?;
+        for l in &c.latches {
+            upsert.execute(params![&l.row.device_id, l.row.latched, &l.info_json])?;
+        }
+    }
+    if !c.budget_draws.is_empty() {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO budget(reservation_id, key, amount, ts_ms, released) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for b in &c.budget_draws {
+            insert.execute(params![
+                &b.reservation_id,
+                &b.key,
+                b.amount,
+                seq_to_db(b.ts_ms)?,
+                b.released
+            ])?;
+        }
+    }
+    if !c.budget_releases.is_empty() {
+        let mut release =
+            conn.prepare_cached("UPDATE budget SET released = 1 WHERE reservation_id = ?1")?;
+        for id in &c.budget_releases {
+            release.execute([id])?;
+        }
+    }
+    if !c.open_ops.is_empty() {
+        let mut upsert = conn.prepare_cached(
+            "INSERT INTO open_ops(command_id, info) VALUES (?1, ?2)
+             ON CONFLICT(command_id) DO UPDATE SET info = excluded.info",
+        )?;
+        for (op, info) in &c.open_ops {
+            upsert.execute(params![&op.command_id, info])?;
+        }
+    }
+    if !c.closed_ops.is_empty() {
+        let mut delete = conn.prepare_cached("DELETE FROM open_ops WHERE command_id = ?1")?;
+        for id in &c.closed_ops {
+            delete.execute([id])?;
+        }
+    }
+    if !c.approvals.is_empty() {
+        let mut upsert = conn.prepare_cached(
+            "INSERT INTO approvals(approval_id, record, created_seq) VALUES (?1, ?2, ?3)
+             ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record",
+        )?;
+        for (a, record_json) in &c.approvals {
+            upsert.execute(params![
+                &a.approval_id,
+                record_json,
+                seq_to_db(chain.head.seq)?
+            ])?;
+        }
+    }
+    if !c.invocations.is_empty() {
+        let mut upsert = conn.prepare_cached(
+            "INSERT INTO invocations(invocation_id, info) VALUES (?1, ?2)
+             ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info",
+        )?;
+        for (row, info) in &c.invocations {
+            upsert.execute(params![&row.invocation_id, info])?;
+        }
+    }
+    Ok(Ok(CommitAck {
+        first_seq,
+        last_seq: chain.head.seq,
+        head_hash: chain.head.hash.clone(),
+    }))
 }
 
 fn corrupt_json(what: &str, key: &str, e: serde_json::Error) -> StoreError {
@@ -694,7 +699,7 @@ impl Store for SqliteStore {
             Some((input_digest, line)) => Ok(Some(ReceiptRow {
                 command_id: command_id.to_string(),
                 input_digest,
-                receipt: receipt_from_entry(command_id, &line)?,
+                receipt: crate::chain::receipt_from_entry(command_id, &line)?,
             })),
         }
     }

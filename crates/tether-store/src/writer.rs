@@ -39,11 +39,6 @@ pub struct WriterStats {
 
 /// A storage engine driven by the writer thread.
 pub(crate) trait Backend: Send + 'static {
-    /// Whether the backend wants each receipt document handed over with its
-    /// commit ([`crate::prepare::PreparedReceipt::document`]). SQLite does
-    /// not: it reads receipts back out of the chain entries.
-    const KEEPS_RECEIPT_DOCUMENTS: bool;
-
     /// Apply `batch` in one transaction with `ts_ms` as the entries' time.
     ///
     /// On `Ok`, `results` holds one result per job, in order: a commit-local
@@ -118,7 +113,6 @@ impl Shared {
 /// Handle to the writer thread; dropping it drains the queue and joins.
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    keep_receipt_documents: bool,
     handle: Option<JoinHandle<()>>,
     thread_id: Option<ThreadId>,
 }
@@ -152,7 +146,6 @@ impl Writer {
         let thread_id = Some(handle.thread().id());
         Ok(Writer {
             shared,
-            keep_receipt_documents: B::KEEPS_RECEIPT_DOCUMENTS,
             handle: Some(handle),
             thread_id,
         })
@@ -162,14 +155,13 @@ impl Writer {
     pub(crate) fn stopped() -> Writer {
         Writer {
             shared: Self::new_shared(true),
-            keep_receipt_documents: false,
             handle: None,
             thread_id: None,
         }
     }
 
     pub(crate) fn submit(&self, commit: &Commit, done: Done) {
-        let commit = match prepare(commit, self.keep_receipt_documents) {
+        let commit = match prepare(commit) {
             Ok(c) => c,
             Err(e) => return call_done(done, Err(e)),
         };
