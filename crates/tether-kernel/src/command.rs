@@ -55,7 +55,7 @@ pub(crate) struct Ctx {
     pub safe_place_grant: Option<String>,
     pub permit_id: Option<String>,
     /// Step 10's verdict (decision, determining policies, reason), once made.
-    pub policy: std::sync::OnceLock<Value>,
+    pub policy: std::sync::OnceLock<std::sync::Arc<Value>>,
     /// An approved approval that covers this command (reserved at registration).
     pub approval: std::sync::OnceLock<String>,
     /// An approval this command created, to be made durable before the hold is answered.
@@ -1526,10 +1526,13 @@ impl Kernel {
             },
             ..Commit::default()
         };
-        let durable = self.commit_ref(&commit).await;
-        let answer = match text {
-            Some(text) => Answer::Canonical(text),
-            None => Answer::Value(take_receipt(commit)),
+        let (durable, answer) = match text {
+            // The store moves the canonical body in; the answer is the text.
+            Some(text) => (self.commit(commit).await, Answer::Canonical(text)),
+            None => {
+                let durable = self.commit_ref(&commit).await;
+                (durable, Answer::Value(take_receipt(commit)))
+            }
         };
         if let Ok(mut ix) = self.inner.idem.lock() {
             match &durable {
@@ -1586,7 +1589,7 @@ impl Kernel {
             json!(ctx.t0.elapsed().as_micros() as u64),
         );
         if let Some(p) = ctx.policy.get() {
-            r.extra.insert("policy".into(), p.clone());
+            r.extra.insert("policy".into(), Value::clone(p));
         }
         if let Some(id) = ctx.approval.get() {
             r.extra.insert("approval_id".into(), json!(id));
@@ -2033,7 +2036,7 @@ fn receipt_event(
     const KIND: &str = "command.receipt";
     let extras = ReceiptExtras {
         latency_us,
-        policy: ctx.policy.get(),
+        policy: ctx.policy.get().map(|p| &**p),
         approval_id: ctx.approval.get().map(String::as_str),
         operation_id: Some(op_id),
     };

@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// What step 4 decided.
 #[derive(Debug)]
@@ -35,8 +36,9 @@ enum Entry {
 /// The index. Bounded: at most `capacity` completed entries stay in memory.
 #[derive(Debug)]
 pub struct Index {
-    entries: HashMap<String, Entry>,
-    order: VecDeque<String>,
+    /// Keys are shared with `order` (one allocation per id, not two).
+    entries: HashMap<Arc<str>, Entry>,
+    order: VecDeque<Arc<str>>,
     capacity: usize,
     complete: bool,
 }
@@ -55,7 +57,7 @@ impl Index {
 
     /// Warms the index with a retained id (receipt loaded lazily).
     pub fn warm(&mut self, command_id: String, digest: String) {
-        self.insert_done(command_id, digest, None);
+        self.insert_done(Arc::from(command_id), digest, None);
     }
 
     /// Step 4.
@@ -71,7 +73,7 @@ impl Index {
             None if !self.complete => Begin::Unknown,
             None => {
                 self.entries.insert(
-                    command_id.to_owned(),
+                    Arc::from(command_id),
                     Entry::InFlight {
                         digest: digest.to_owned(),
                     },
@@ -87,7 +89,7 @@ impl Index {
             return false;
         }
         self.entries.insert(
-            command_id.to_owned(),
+            Arc::from(command_id),
             Entry::InFlight {
                 digest: digest.to_owned(),
             },
@@ -104,19 +106,33 @@ impl Index {
 
     /// Records the retained receipt of an id.
     pub fn complete(&mut self, command_id: &str, digest: &str, receipt: Value) {
-        self.entries.remove(command_id);
-        self.insert_done(command_id.to_owned(), digest.to_owned(), Some(receipt));
+        let (key, digest) = self.take_in_flight(command_id, digest);
+        self.insert_done(key, digest, Some(receipt));
     }
 
     /// Records that the receipt of an id is durably stored; a replay reads it
     /// back from the store (`Begin::Unknown`), so memory holds only the digest.
     pub fn complete_stored(&mut self, command_id: &str, digest: &str) {
-        self.entries.remove(command_id);
-        self.insert_done(command_id.to_owned(), digest.to_owned(), None);
+        let (key, digest) = self.take_in_flight(command_id, digest);
+        self.insert_done(key, digest, None);
     }
 
-    fn insert_done(&mut self, command_id: String, digest: String, receipt: Option<Value>) {
-        self.order.push_back(command_id.clone());
+    /// Removes `command_id`'s entry, reusing its key and (when equal) its
+    /// digest instead of allocating them again.
+    fn take_in_flight(&mut self, command_id: &str, digest: &str) -> (Arc<str>, String) {
+        match self.entries.remove_entry(command_id) {
+            Some((key, Entry::InFlight { digest: d } | Entry::Done { digest: d, .. }))
+                if d == digest =>
+            {
+                (key, d)
+            }
+            Some((key, _)) => (key, digest.to_owned()),
+            None => (Arc::from(command_id), digest.to_owned()),
+        }
+    }
+
+    fn insert_done(&mut self, command_id: Arc<str>, digest: String, receipt: Option<Value>) {
+        self.order.push_back(Arc::clone(&command_id));
         self.entries
             .insert(command_id, Entry::Done { digest, receipt });
         let mut evictions = 0usize;

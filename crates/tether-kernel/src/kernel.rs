@@ -459,8 +459,15 @@ impl Kernel {
 
     /// Commits and waits (asynchronously) until durable.
     pub(crate) async fn commit(&self, commit: Commit) -> Result<CommitAck, StoreError> {
-        // Serialised from a borrow either way; the commit is dropped here.
-        self.commit_ref(&commit).await
+        // Given up to the store, which moves what it can instead of copying.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.store.submit(
+            commit,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.await.unwrap_or(Err(StoreError::Closed))
     }
 
     /// [`Kernel::commit`] for a commit the caller still needs afterwards (it

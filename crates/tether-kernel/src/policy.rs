@@ -138,14 +138,14 @@ impl Kernel {
     /// hardware commands at R2 and above that carry no permit.
     pub(crate) fn policy_step(&self, ctx: &Ctx, b: &BindingSpec, create: bool) -> PolicyStep {
         let dev = &self.inner.devices[ctx.device];
-        let verdict = self.inner.policy.decide(
+        let (verdict, json) = self.inner.policy.decide_shared(
             &subject(&ctx.principal),
             action_of(b),
             ctx.device,
             ctx.binding,
             &ctx.input,
         );
-        let _ = ctx.policy.set(verdict.to_json());
+        let _ = ctx.policy.set(json);
         if verdict.decision == Decision::Deny {
             return PolicyStep::Refused {
                 refusal: denied(&verdict),

@@ -345,6 +345,48 @@ impl ControlPolicy {
         binding: usize,
         input: &Value,
     ) -> Verdict {
+        self.decide_shared(who, action, device, binding, input)
+            .0
+            .into_owned()
+    }
+
+    /// [`ControlPolicy::decide`] with the verdict's evidence form
+    /// ([`Verdict::to_json`]). A verdict the request's shape fixes (worked
+    /// out at load) is lent, with its JSON shared, so the common request
+    /// builds neither.
+    pub fn decide_shared(
+        &self,
+        who: &Subject<'_>,
+        action: Action,
+        device: usize,
+        binding: usize,
+        input: &Value,
+    ) -> (std::borrow::Cow<'_, Verdict>, Arc<Value>) {
+        use std::borrow::Cow;
+        let shape = self
+            .slices
+            .get(device)
+            .and_then(|d| d.get(binding))
+            .and_then(|shapes| shapes.get(shape_index(who.kind, action)));
+        let known = self.bindings.get(device).and_then(|d| d.get(binding));
+        if let (Some(slice), Some(_)) = (shape, known) {
+            if let (Some(fixed), Some(json)) = (&slice.fixed, &slice.fixed_json) {
+                return (Cow::Borrowed(fixed), Arc::clone(json));
+            }
+        }
+        let verdict = self.decide_built(who, action, device, binding, input);
+        let json = Arc::new(verdict.to_json());
+        (Cow::Owned(verdict), json)
+    }
+
+    fn decide_built(
+        &self,
+        who: &Subject<'_>,
+        action: Action,
+        device: usize,
+        binding: usize,
+        input: &Value,
+    ) -> Verdict {
         let Some(b) = self.bindings.get(device).and_then(|d| d.get(binding)) else {
             return Verdict::deny(Vec::new(), "the binding is unknown to the policy".into());
         };
@@ -556,6 +598,8 @@ struct Slice {
     /// (every policy in the slice is certainly satisfied): Cedar's answer,
     /// worked out once at load.
     fixed: Option<Verdict>,
+    /// `fixed`'s evidence JSON, built once and shared by every request.
+    fixed_json: Option<Arc<Value>>,
 }
 
 impl Slice {
@@ -565,6 +609,7 @@ impl Slice {
             input_type: narrow(input.clone(), &fields),
             set,
             fixed: None,
+            fixed_json: None,
         }
     }
 
@@ -666,7 +711,9 @@ fn build_slices(
                             .map_err(|e| e.to_string())?;
                     let mut s = Slice::new(subset, input);
                     if certain {
-                        s.fixed = Some(Slice::certain_verdict(&s.set, meta));
+                        let verdict = Slice::certain_verdict(&s.set, meta);
+                        s.fixed_json = Some(Arc::new(verdict.to_json()));
+                        s.fixed = Some(verdict);
                     }
                     let s = Arc::new(s);
                     shared.insert(key, Arc::clone(&s));

@@ -269,8 +269,8 @@ async fn handle_object(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let params = obj.get("params").cloned().unwrap_or_else(|| json!({}));
-    if !params.is_object() {
+    let params_usable = obj.get("params").is_none_or(Value::is_object);
+    if !params_usable {
         if estop_target(&obj) || method == "mhs.safety.estop" {
             let receipt =
                 serve_malformed_estop(kernel, principal, &obj, "params is not an object").await;
@@ -288,6 +288,9 @@ async fn handle_object(
             json!({"reason": "params_not_object"}),
         ));
     }
+    // Taken, not copied: the request is not needed past this point.
+    let mut obj = obj;
+    let params = obj.remove("params").unwrap_or_else(|| json!({}));
     let answer = dispatch(kernel, principal, &method, params).await;
     Some(match answer {
         Ok(result) => Reply::Result { id, result },

@@ -218,6 +218,10 @@ fn parse_line(line: &str) -> Result<Value, StoreError> {
 }
 
 impl Store for MemoryStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        self.writer.submit_owned(commit, done);
+    }
+
     fn submit_ref(&self, commit: &Commit, done: Done) {
         self.writer.submit(commit, done);
     }

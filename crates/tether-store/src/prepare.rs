@@ -152,6 +152,37 @@ fn check_receipt_ref(r: &ReceiptRef, events: &[crate::EventDraft]) -> Result<(),
 /// text, rows are copied (they are small). Receipt documents stay in their
 /// event bodies, where every backend reads them back.
 pub(crate) fn prepare(c: &Commit) -> Result<Prepared, StoreError> {
+    prepare_parts(c, true)
+}
+
+/// [`prepare`] for a commit the caller gives up: canonical bodies and the
+/// rows are moved instead of copied (the kernel's path for a command's
+/// receipt, whose body is already canonical text).
+pub(crate) fn prepare_owned(c: Commit) -> Result<Prepared, StoreError> {
+    let mut p = prepare_parts(&c, false)?;
+    debug_assert_eq!(p.events.len(), c.events.len());
+    for (prepared, e) in p.events.iter_mut().zip(c.events) {
+        if let EventBody::Canonical(body) = e.body {
+            prepared.body_json = body.text;
+        }
+    }
+    p.receipts = c
+        .receipts
+        .into_iter()
+        .map(|row| PreparedReceipt { row })
+        .collect();
+    p.revisions = c.revisions;
+    p.budget_draws = c.budget_draws;
+    p.budget_releases = c.budget_releases;
+    p.closed_ops = c.closed_ops;
+    Ok(p)
+}
+
+/// Validates `c` and serialises its JSON. With `copy`, canonical bodies and
+/// the plain rows (receipts, revisions, budget rows, closed operations) are
+/// copied into the result; without, they are left empty for
+/// [`prepare_owned`] to move in.
+fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
     let counts = [
         ("events", c.events.len()),
         ("receipts", c.receipts.len()),
@@ -189,11 +220,19 @@ pub(crate) fn prepare(c: &Commit) -> Result<Prepared, StoreError> {
             }
             EventBody::Canonical(body) => {
                 debug_check_canonical(body);
-                body.text().to_owned()
+                if copy {
+                    body.text().to_owned()
+                } else {
+                    String::new()
+                }
             }
         };
+        let body_len = match &e.body {
+            EventBody::Canonical(body) => body.text().len(),
+            EventBody::Value(_) => body_json.len(),
+        };
         let kind_json = kind_json(&e.kind);
-        if body_json.len() + kind_json.len() + ENTRY_OVERHEAD > MAX_ENTRY_BYTES {
+        if body_len + kind_json.len() + ENTRY_OVERHEAD > MAX_ENTRY_BYTES {
             return Err(invalid(format!(
                 "event {:?} is larger than {MAX_ENTRY_BYTES} bytes",
                 e.kind
@@ -248,11 +287,14 @@ pub(crate) fn prepare(c: &Commit) -> Result<Prepared, StoreError> {
         fits_i64(r.revision, "revision")?;
     }
 
-    let receipts = c
-        .receipts
-        .iter()
-        .map(|row| PreparedReceipt { row: row.clone() })
-        .collect();
+    let receipts = if copy {
+        c.receipts
+            .iter()
+            .map(|row| PreparedReceipt { row: row.clone() })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut latches = Vec::with_capacity(c.latches.len());
     for row in &c.latches {
         let info_json = bounded_json(&row.info, "latch info")?;
@@ -283,12 +325,28 @@ pub(crate) fn prepare(c: &Commit) -> Result<Prepared, StoreError> {
         approvals,
         events,
         receipts,
-        revisions: c.revisions.clone(),
+        revisions: if copy {
+            c.revisions.clone()
+        } else {
+            Vec::new()
+        },
         latches,
-        budget_draws: c.budget_draws.clone(),
-        budget_releases: c.budget_releases.clone(),
+        budget_draws: if copy {
+            c.budget_draws.clone()
+        } else {
+            Vec::new()
+        },
+        budget_releases: if copy {
+            c.budget_releases.clone()
+        } else {
+            Vec::new()
+        },
         open_ops,
-        closed_ops: c.closed_ops.clone(),
+        closed_ops: if copy {
+            c.closed_ops.clone()
+        } else {
+            Vec::new()
+        },
         invocations,
     })
 }

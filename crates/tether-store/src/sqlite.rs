@@ -680,6 +680,10 @@ fn limit_param(n: usize) -> i64 {
 }
 
 impl Store for SqliteStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        self.writer.submit_owned(commit, done);
+    }
+
     fn submit_ref(&self, commit: &Commit, done: Done) {
         self.writer.submit(commit, done);
     }

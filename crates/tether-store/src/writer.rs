@@ -6,7 +6,7 @@
 //! the batch grows with the number of waiting callers, which is what lets
 //! throughput scale past `1 / fsync latency`.
 
-use crate::prepare::{prepare, Prepared};
+use crate::prepare::{prepare, prepare_owned, Prepared};
 use crate::{Commit, CommitAck, Done, StoreError};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -161,10 +161,21 @@ impl Writer {
     }
 
     pub(crate) fn submit(&self, commit: &Commit, done: Done) {
-        let commit = match prepare(commit) {
-            Ok(c) => c,
-            Err(e) => return call_done(done, Err(e)),
-        };
+        match prepare(commit) {
+            Ok(c) => self.enqueue(c, done),
+            Err(e) => call_done(done, Err(e)),
+        }
+    }
+
+    /// [`Writer::submit`] for a commit given up: moved, not copied.
+    pub(crate) fn submit_owned(&self, commit: Commit, done: Done) {
+        match prepare_owned(commit) {
+            Ok(c) => self.enqueue(c, done),
+            Err(e) => call_done(done, Err(e)),
+        }
+    }
+
+    fn enqueue(&self, commit: Prepared, done: Done) {
         let mut q = self.shared.lock();
         if q.closing || q.stopped {
             drop(q);
