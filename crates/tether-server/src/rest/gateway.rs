@@ -391,7 +391,8 @@ impl Gateway {
             .unwrap_or_default()
             .to_owned();
         let cancel = CancelToken::new();
-        self.accept(&inv_id, &info, cancel.clone(), cancellable)
+        let info = self
+            .accept(&inv_id, info, cancel.clone(), cancellable)
             .await?;
         let kind = tool.kind;
         let run = tokio::spawn(Arc::clone(self).run(p.clone(), kind, req, cancel, inv_id.clone()));
@@ -400,7 +401,7 @@ impl Gateway {
                 return Err(refusal_error(&inv_id, &rejected));
             }
         }
-        let mut view = invocations::view(&info);
+        let mut view = invocations::view(info);
         view["links"] = json!({
             "self": format!("/invocations/{inv_id}"),
             "result": format!("/invocations/{inv_id}/result"),
@@ -411,14 +412,14 @@ impl Gateway {
     }
 
     /// Retains the invocation in memory and makes its record durable before
-    /// anything is answered or dispatched.
+    /// anything is answered or dispatched; gives the record back.
     async fn accept(
         &self,
         inv_id: &str,
-        info: &Value,
+        info: Value,
         cancel: CancelToken,
         cancellable: bool,
-    ) -> Result<(), RestError> {
+    ) -> Result<Value, RestError> {
         let inserted = self
             .table
             .lock()
@@ -445,18 +446,25 @@ impl Gateway {
                 o.remove(k);
             }
         }
-        let commit = Commit {
+        let mut commit = Commit {
             events: vec![EventDraft {
                 kind: "invocation.accepted".into(),
                 body: event.into(),
             }],
             invocations: vec![InvocationRow {
                 invocation_id: inv_id.to_owned(),
-                info: info.clone(),
+                info,
             }],
             ..Commit::default()
         };
-        if let Err(e) = self.commit(commit).await {
+        // Serialised from a borrow, so the record comes back without a copy.
+        let durable = self.commit_ref(&commit).await;
+        let info = commit
+            .invocations
+            .pop()
+            .map(|row| row.info)
+            .unwrap_or(Value::Null);
+        if let Err(e) = durable {
             // Not durable: nothing is dispatched and the id is forgotten.
             let outcome = Outcome::Error(
                 json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
@@ -470,12 +478,14 @@ impl Gateway {
                 json!({"reason": "invocation_not_durable", "store_error": e}),
             ));
         }
-        Ok(())
+        Ok(info)
     }
 
-    async fn commit(&self, commit: Commit) -> Result<(), String> {
+    /// Submits a commit the caller takes a record back from afterwards, and
+    /// waits until it is durable.
+    async fn commit_ref(&self, commit: &Commit) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.kernel.store().submit(
+        self.kernel.store().submit_ref(
             commit,
             Box::new(move |r| {
                 let _ = tx.send(r);

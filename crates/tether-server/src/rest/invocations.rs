@@ -122,12 +122,12 @@ impl Outcome {
 
 /// The public view of an invocation record: the record plus derived fields.
 /// `unknown` with no receipt is terminal for accounting but never a stop.
-pub(crate) fn view(info: &Value) -> Value {
-    let mut v = info.clone();
-    let status = info["status"].as_str().unwrap_or(PENDING);
-    v["terminal"] = json!(status != PENDING);
-    v["operation_id"] = info["receipt"]["operation_id"].clone();
-    v["receipt_id"] = info["receipt"]["receipt_id"].clone();
+pub(crate) fn view(info: Value) -> Value {
+    let mut v = info;
+    let terminal = v["status"].as_str().unwrap_or(PENDING) != PENDING;
+    v["terminal"] = json!(terminal);
+    v["operation_id"] = v["receipt"]["operation_id"].clone();
+    v["receipt_id"] = v["receipt"]["receipt_id"].clone();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("principal");
     }

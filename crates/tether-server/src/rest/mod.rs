@@ -245,7 +245,7 @@ async fn get_invocation(
     respond(
         async {
             let (p, id) = bodiless(&s, &headers, path, body).await?;
-            Ok((StatusCode::OK, view(&s.gw.lookup(&p, &id)?)))
+            Ok((StatusCode::OK, view(s.gw.lookup(&p, &id)?)))
         }
         .await,
     )
@@ -260,7 +260,7 @@ async fn result(
     respond(
         async {
             let (p, id) = bodiless(&s, &headers, path, body).await?;
-            let v = view(&s.gw.lookup(&p, &id)?);
+            let v = view(s.gw.lookup(&p, &id)?);
             if v["terminal"] == json!(true) {
                 let out = json!({"invocation_id": v["invocation_id"], "attempt_id": v["attempt_id"], "status": v["status"], "terminal": true, "receipt": v["receipt"], "error": v["error"]});
                 Ok((StatusCode::OK, out))
