@@ -293,6 +293,79 @@ mod tests {
         }
     }
 
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            "[a-z\"\\\n\u{1}\u{E000}\u{1F600} ]{0,6}"
+        }
+
+        fn document() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(Value::from),
+                text().prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 12, 3, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                    proptest::collection::vec((text(), inner), 0..3)
+                        .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn status() -> impl Strategy<Value = Status> {
+            prop_oneof![
+                Just(Status::Completed),
+                Just(Status::Failed),
+                Just(Status::Cancelled),
+                Just(Status::Unknown),
+                Just(Status::Rejected),
+            ]
+        }
+
+        proptest! {
+            /// Whatever the fields hold, the written receipt is the canonical
+            /// form of the value path's receipt.
+            #[test]
+            fn any_receipt_is_written_as_the_value_paths_canonical_form(
+                st in status(),
+                ids in proptest::array::uniform4(text()),
+                output in proptest::option::of(document()),
+                error in proptest::option::of((text(), document())),
+                revisions in (proptest::option::of(any::<u64>()), proptest::option::of(any::<u64>())),
+                extra in proptest::collection::vec((text(), document()), 0..3),
+                policy in proptest::option::of(document()),
+                latency in any::<u64>(),
+            ) {
+                let mut r = receipt(st, None, output);
+                r.receipt_id = ids[0].clone();
+                r.command_id = ids[1].clone();
+                r.device_id = ids[2].clone();
+                r.input_digest = ids[3].clone();
+                r.resource = None;
+                r.error = error.map(|(m, d)| Refusal::new(Code::ProtocolInternal, m, d));
+                (r.state_revision_before, r.state_revision_after) = revisions;
+                r.extra = extra.into_iter().collect();
+                let x = ReceiptExtras {
+                    latency_us: latency,
+                    policy: policy.as_ref(),
+                    approval_id: Some(&ids[0]),
+                    operation_id: None,
+                };
+                let mut written = String::new();
+                prop_assert!(write_receipt(&r, &x, &mut written).is_ok());
+                prop_assert_eq!(written, canonical::to_canonical_string(&value_path(&r, &x)));
+            }
+        }
+    }
+
     #[test]
     fn an_output_nested_past_the_evidence_bound_is_refused() {
         let mut deep = json!(1);

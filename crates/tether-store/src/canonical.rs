@@ -682,6 +682,47 @@ mod tests {
             }
         }
 
+        fn member_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<u64>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(Value::from),
+                interesting_string().prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 16, 4, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    proptest::collection::vec((interesting_string(), inner), 0..4)
+                        .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            /// Members in any order (names repeated, the last winning) write
+            /// the canonical form of the object a map would hold.
+            #[test]
+            fn written_members_are_the_canonical_object(
+                members in proptest::collection::vec((interesting_string(), member_value()), 0..12)
+            ) {
+                let mut map = Map::new();
+                for (k, v) in &members {
+                    map.insert(k.clone(), v.clone());
+                }
+                let mut list: Vec<(&str, Member)> = members
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), Member::Value(v)))
+                    .collect();
+                let mut out = String::new();
+                prop_assert!(write_members(&mut list, &mut out, 64).is_ok());
+                prop_assert_eq!(out, to_canonical_string(&Value::Object(map)));
+            }
+        }
+
         fn num_str(f: f64) -> String {
             let mut s = String::new();
             write_f64(f, &mut s);

@@ -4,7 +4,9 @@
 //! see [`canonical`] and [`verify`]), receipts by `command_id` (stored once,
 //! inside the chain entry that records them, see [`ReceiptRef`]), e-stop latches,
 //! resource revisions and the budget journal — and the group-commit writer that
-//! makes each [`Commit`] durable (fsynced) before its caller is answered.
+//! makes each [`Commit`] durable (fsynced) before its caller is answered. An
+//! event body arrives as a JSON value, which the store serialises, or as
+//! canonical text the kernel already wrote ([`EventBody::Canonical`]).
 //!
 //! **Never belongs here:** decisions, policy, limits evaluation, device I/O, or
 //! any interpretation of what an event body means. The store records what the
