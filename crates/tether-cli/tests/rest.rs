@@ -265,17 +265,21 @@ fn the_same_command_id_replays_its_receipt_and_other_input_is_a_conflict() {
         "{again}"
     );
 
-    // Same command_id, other input: refused, nothing dispatched.
-    let other = invoke(&s, "thermostat-1__setpoint", body(31.0));
-    let receipt = match other {
-        (202, v) => wait_result(
-            &s,
-            v["data"]["invocation_id"].as_str().expect("id"),
-            TIMEOUT,
-        )["receipt"]
-            .clone(),
-        (_, v) => v["error"]["details"]["receipt"].clone(),
-    };
+    // Same command_id, other input: refused, nothing dispatched. The refusal
+    // comes from the real command before dispatch, so it is the answer (an
+    // error with the rejected receipt), not a 202.
+    let (status, other) = invoke(&s, "thermostat-1__setpoint", body(31.0));
+    assert_ne!(status, 202, "{other}");
+    assert_eq!(other["ok"], false, "{other}");
+    assert_eq!(
+        other["error"]["code"], "MHS.CONFLICT.COMMAND_ID_REUSE",
+        "{other}"
+    );
+    assert!(
+        other["error"]["details"]["invocation_id"].is_string(),
+        "{other}"
+    );
+    let receipt = other["error"]["details"]["receipt"].clone();
     assert_eq!(receipt["status"], "rejected", "{receipt}");
     assert_eq!(
         receipt["error"]["mhs_code"], "MHS.CONFLICT.COMMAND_ID_REUSE",

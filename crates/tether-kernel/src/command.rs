@@ -478,8 +478,23 @@ impl Kernel {
     pub async fn write_answer(
         &self,
         p: &Principal,
+        req: CommandRequest,
+        cancel: CancelToken,
+    ) -> Result<Answer, ApiError> {
+        self.write_admitting(p, req, cancel, None).await
+    }
+
+    /// `write_answer` that fires `on_admit` as [`Kernel::command_admitting`]
+    /// does.
+    ///
+    /// # Errors
+    /// As `write`.
+    pub async fn write_admitting(
+        &self,
+        p: &Principal,
         mut req: CommandRequest,
         cancel: CancelToken,
+        on_admit: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> Result<Answer, ApiError> {
         let dev = self.device(&req.device_id)?;
         let resource = req
@@ -513,7 +528,7 @@ impl Kernel {
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
-        self.command_answer(p, req, cancel).await
+        self.command_admitting(p, req, cancel, on_admit).await
     }
 
     // ----- commands -------------------------------------------------------
@@ -560,6 +575,24 @@ impl Kernel {
         p: &Principal,
         req: CommandRequest,
         cancel: CancelToken,
+    ) -> Result<Answer, ApiError> {
+        self.command_admitting(p, req, cancel, None).await
+    }
+
+    /// `command_answer` that fires `on_admit` once the command has passed
+    /// steps 2 to 11 and goes on to dispatch; a command refused before that
+    /// (or answered by a replay) drops it unfired. Lets a surface that
+    /// answers before the outcome (the REST gateway's 202) tell an admitted
+    /// command from a refused one by the real evaluation, not a dry run.
+    ///
+    /// # Errors
+    /// As `command`.
+    pub async fn command_admitting(
+        &self,
+        p: &Principal,
+        req: CommandRequest,
+        cancel: CancelToken,
+        on_admit: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> Result<Answer, ApiError> {
         let t0 = Instant::now();
         let accepted_at_ms = now_ms();
@@ -716,7 +749,13 @@ impl Kernel {
             }
         }
         match self.admit(&ctx, true) {
-            Ok(admitted) => self.dispatch(ctx, admitted, cancel).await,
+            Ok(admitted) => {
+                if let Some(tx) = on_admit {
+                    // The receiver may have stopped waiting; dispatch goes on.
+                    let _ = tx.send(());
+                }
+                self.dispatch(ctx, admitted, cancel).await
+            }
             Err(refusal) => {
                 // A hold answers only once its approval is durable.
                 let refusal = match ctx.new_approval.get() {
@@ -730,6 +769,40 @@ impl Kernel {
                 Ok(self.reject_binding(&ctx, refusal).await.into())
             }
         }
+    }
+
+    /// The checks of `command` that answer a protocol error rather than a
+    /// receipt — the device, a binding that needs its resource named, the
+    /// caller's live session and grant — with no side effect: what a surface
+    /// checks before it records anything for the command.
+    ///
+    /// # Errors
+    /// `DEVICE.UNKNOWN`, invalid params, session and grant errors.
+    pub fn reachable(&self, p: &Principal, req: &CommandRequest) -> Result<(), ApiError> {
+        let d = self
+            .device_index(&req.device_id)
+            .ok_or_else(|| self.unknown_device(&req.device_id))?;
+        let dev = &self.inner.devices[d];
+        match resolve(dev, &req.capability_id, req.resource.as_deref()) {
+            Resolve::Found(bi) => self.check_grant(
+                p,
+                req.session_id.as_deref(),
+                |s| s.grants.contains(&(d, bi)),
+                json!({}),
+            )?,
+            Resolve::ResourceRequired(r) => {
+                return Err(ApiError::new(
+                    Code::ProtocolInvalidParams,
+                    "resource required",
+                    json!({"reason": "resource_required", "resources": r}),
+                ))
+            }
+            // The command itself records this refusal (a rejected receipt).
+            Resolve::Unknown | Resolve::NotBound(_) => {
+                self.check_grant(p, req.session_id.as_deref(), |_| true, json!({}))?
+            }
+        };
+        Ok(())
     }
 
     /// A dry run of steps 2 to 11 for one command: the same checks

@@ -67,3 +67,50 @@ async fn a_stop_class_command_ignores_a_cancelled_token() {
         .expect("receipt");
     assert_eq!(r["status"], "completed", "{r}");
 }
+
+/// `command_admitting` fires its signal for a command that passed steps 2-11
+/// (before its outcome is known) and drops it for one they refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_signal_fires_for_an_admitted_command_only() {
+    let k = common::builtin_kernel();
+    let p = Principal::local_agent();
+    let sid = session(&k, &p).await;
+
+    // Admitted: a real motion (0.4 rad at 1 rad/s), so the signal arrives
+    // while the command is still running.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let motion = request(
+        &sid,
+        "cap.motion.move_to.v1",
+        json!({"joints": [0.4, 0, 0, 0, 0, 0], "speed": 1.0}),
+    );
+    let (k2, p2) = (k.clone(), p.clone());
+    let run = tokio::spawn(async move {
+        k2.command_admitting(&p2, motion, CancelToken::new(), Some(tx))
+            .await
+    });
+    rx.await.expect("an admitted command signals");
+    assert!(!run.is_finished(), "signalled before the motion ended");
+    let r = run.await.expect("joined").expect("receipt").into_value();
+    assert_eq!(r["status"], "completed", "{r}");
+
+    // Refused by the limits step: the signal is dropped unfired, and the
+    // answer is the rejected receipt.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let too_far = request(
+        &sid,
+        "cap.motion.move_to.v1",
+        json!({"joints": [99.0, 0, 0, 0, 0, 0], "speed": 1.0}),
+    );
+    let r = k
+        .command_admitting(&p, too_far, CancelToken::new(), Some(tx))
+        .await
+        .expect("receipt")
+        .into_value();
+    assert!(rx.await.is_err(), "a refused command never signals");
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(
+        r["error"]["mhs_code"], "MHS.SAFETY.ENVELOPE_VIOLATION",
+        "{r}"
+    );
+}

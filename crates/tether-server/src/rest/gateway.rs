@@ -29,8 +29,8 @@ const DEADLINE_MS_MAX: u64 = 86_400_000;
 /// at every invocation, so a session never expires under a running command
 /// (an expiry would cancel it).
 const SESSION_TTL_MS: u64 = 86_400_000;
-/// How long an invoke whose preflight was refused waits for the real
-/// command's rejected receipt before answering 202 instead.
+/// How long an invoke whose command was not admitted waits for its rejected
+/// receipt before answering 202 instead.
 const REFUSAL_WAIT: Duration = Duration::from_secs(2);
 /// Deadline of the device stop run by `POST /invocations/{id}/stop`.
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
@@ -363,9 +363,9 @@ impl Gateway {
         tool: &Tool,
         req: CommandRequest,
     ) -> Result<(StatusCode, Value), RestError> {
-        // A dry run of steps 2-11 (no side effect): a refusal it finds is
-        // answered as an error once the real command has recorded it.
-        let refused = self.kernel.preflight(p, &req)?;
+        // Protocol errors before anything is recorded; a refusal inside the
+        // evaluation order comes from the real command below.
+        self.kernel.reachable(p, &req)?;
         let cancellable =
             !catalogue::class(&tool.capability_id).is_some_and(|c| c.flags.stop_class);
         let info = json!({
@@ -395,8 +395,19 @@ impl Gateway {
             .accept(&inv_id, info, cancel.clone(), cancellable)
             .await?;
         let kind = tool.kind;
-        let run = tokio::spawn(Arc::clone(self).run(p.clone(), kind, req, cancel, inv_id.clone()));
-        if refused.is_some() {
+        let (admitted, on_admit) = tokio::sync::oneshot::channel();
+        let run = tokio::spawn(Arc::clone(self).run(
+            p.clone(),
+            kind,
+            req,
+            cancel,
+            inv_id.clone(),
+            admitted,
+        ));
+        // Answer 202 once the command has passed steps 2-11 (it goes on to
+        // dispatch); a command refused by them is answered with its refusal
+        // once the rejected receipt is recorded.
+        if on_admit.await.is_err() {
             if let Ok(Ok(Some(rejected))) = tokio::time::timeout(REFUSAL_WAIT, run).await {
                 return Err(refusal_error(&inv_id, &rejected));
             }
@@ -507,12 +518,18 @@ impl Gateway {
         req: CommandRequest,
         cancel: CancelToken,
         inv_id: String,
+        admitted: tokio::sync::oneshot::Sender<()>,
     ) -> Option<Value> {
         let answer = if kind == ToolKind::Write {
-            self.kernel.write_cancellable(&p, req, cancel).await
+            self.kernel
+                .write_admitting(&p, req, cancel, Some(admitted))
+                .await
         } else {
-            self.kernel.command_cancellable(&p, req, cancel).await
-        };
+            self.kernel
+                .command_admitting(&p, req, cancel, Some(admitted))
+                .await
+        }
+        .map(tether_kernel::Answer::into_value);
         let outcome = match answer {
             Ok(receipt) => Outcome::Receipt(receipt),
             Err(e) => Outcome::Error(api_error_json(&e)),
