@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 use tether_core::{Receipt, Refusal};
-use tether_store::canonical::{self, Member, MembersError};
+use tether_store::canonical::{self, CanonicalText, Member, MembersError};
 use tether_store::MAX_BODY_DEPTH;
 
 /// A command's answer: a document as a value or as canonical JSON text.
@@ -21,7 +21,7 @@ pub enum Answer {
     /// A JSON document.
     Value(Value),
     /// The canonical text of a JSON object (a receipt).
-    Canonical(String),
+    Canonical(CanonicalText),
 }
 
 impl From<Value> for Answer {
@@ -35,7 +35,7 @@ impl Answer {
     pub fn into_value(self) -> Value {
         match self {
             Answer::Value(v) => v,
-            Answer::Canonical(text) => parse_canonical(&text),
+            Answer::Canonical(text) => parse_canonical(text.as_str()),
         }
     }
 
@@ -49,7 +49,7 @@ impl Answer {
                     out.extend_from_slice(b"null");
                 }
             }
-            Answer::Canonical(text) => out.extend_from_slice(text.as_bytes()),
+            Answer::Canonical(text) => out.extend_from_slice(text.as_str().as_bytes()),
         }
     }
 
@@ -57,7 +57,7 @@ impl Answer {
     pub fn status(&self) -> Option<&str> {
         match self {
             Answer::Value(v) => v.get("status").and_then(Value::as_str),
-            Answer::Canonical(text) => top_level_string(text, "status"),
+            Answer::Canonical(text) => top_level_string(text.as_str(), "status"),
         }
     }
 }
@@ -121,22 +121,17 @@ pub(crate) struct ReceiptExtras<'a> {
     pub operation_id: Option<&'a str>,
 }
 
-/// Appends the canonical text of `r` with `extras` (and `r.extra`) to
-/// `out`: the same document `Receipt::into_json` builds, with the extras
-/// inserted, in canonical form.
+/// The canonical text of `r` with `extras` (and `r.extra`): the same
+/// document `Receipt::into_json` builds, with the extras inserted, in
+/// canonical form.
 ///
 /// # Errors
-/// A member nested deeper than the evidence bound allows; `out` is then
-/// partial and must be discarded.
+/// A member nested deeper than the evidence bound allows.
 pub(crate) fn write_receipt(
     r: &Receipt,
     extras: &ReceiptExtras<'_>,
-    out: &mut String,
-) -> Result<(), MembersError> {
-    let mut error_text = String::new();
-    if let Some(e) = &r.error {
-        write_refusal(e, &mut error_text)?;
-    }
+) -> Result<CanonicalText, MembersError> {
+    let error_text = r.error.as_ref().map(refusal_text).transpose()?;
     fn opt_u64(v: Option<u64>) -> Member<'static> {
         v.map_or(Member::Null, Member::U64)
     }
@@ -154,11 +149,7 @@ pub(crate) fn write_receipt(
         ("device_id", Member::Str(&r.device_id)),
         (
             "error",
-            if r.error.is_some() {
-                Member::Canonical(&error_text)
-            } else {
-                Member::Null
-            },
+            error_text.as_ref().map_or(Member::Null, Member::Canonical),
         ),
         ("input_digest", Member::Str(&r.input_digest)),
         ("mode", Member::Str(r.mode)),
@@ -186,18 +177,18 @@ pub(crate) fn write_receipt(
     if let Some(id) = extras.operation_id {
         members.push(("operation_id", Member::Str(id)));
     }
-    canonical::write_members(&mut members, out, RECEIPT_MEMBER_DEPTH)
+    canonical::object_text(&mut members, RECEIPT_MEMBER_DEPTH)
 }
 
 /// The wire error object of a receipt (`Refusal::to_json`), canonically.
-fn write_refusal(e: &Refusal, out: &mut String) -> Result<(), MembersError> {
+fn refusal_text(e: &Refusal) -> Result<CanonicalText, MembersError> {
     let mut members = [
         ("details", Member::Value(&e.details)),
         ("message", Member::Str(&e.message)),
         ("mhs_code", Member::Str(e.code.as_str())),
         ("retryable", Member::Bool(e.code.retryable())),
     ];
-    canonical::write_members(&mut members, out, RECEIPT_MEMBER_DEPTH - 1)
+    canonical::object_text(&mut members, RECEIPT_MEMBER_DEPTH - 1)
 }
 
 #[cfg(test)]
@@ -279,10 +270,9 @@ mod tests {
                     operation_id: None,
                 },
             ] {
-                let mut text = String::new();
-                write_receipt(r, &x, &mut text).expect("written");
+                let text = write_receipt(r, &x).expect("written");
                 let expected = value_path(r, &x);
-                assert_eq!(text, canonical::to_canonical_string(&expected));
+                assert_eq!(text.as_str(), canonical::to_canonical_string(&expected));
                 let answer = Answer::Canonical(text);
                 assert_eq!(answer.status(), Some(r.status.as_str()));
                 assert_eq!(answer.clone().into_value(), expected);
@@ -359,8 +349,9 @@ mod tests {
                     approval_id: Some(&ids[0]),
                     operation_id: None,
                 };
-                let mut written = String::new();
-                prop_assert!(write_receipt(&r, &x, &mut written).is_ok());
+                let written = write_receipt(&r, &x);
+                prop_assert!(written.is_ok());
+                let written = written.map(CanonicalText::into_string).unwrap_or_default();
                 prop_assert_eq!(written, canonical::to_canonical_string(&value_path(&r, &x)));
             }
         }
@@ -379,20 +370,20 @@ mod tests {
             approval_id: None,
             operation_id: None,
         };
-        assert_eq!(
-            write_receipt(&r, &x, &mut String::new()),
-            Err(MembersError::TooDeep)
-        );
+        assert_eq!(write_receipt(&r, &x), Err(MembersError::TooDeep));
     }
 
     #[test]
     fn status_is_read_from_the_top_level_only() {
-        let a = Answer::Canonical(
-            r#"{"output":{"status":"nested"},"s":"\"status\":","status":"completed"}"#.into(),
-        );
+        let text = |v: Value| CanonicalText::of_value(&v, 8).expect("shallow");
+        let a = Answer::Canonical(text(
+            json!({"output": {"status": "nested"}, "s": "\"status\":", "status": "completed"}),
+        ));
         assert_eq!(a.status(), Some("completed"));
-        let b = Answer::Canonical(r#"{"output":{"status":"nested"}}"#.into());
+        let b = Answer::Canonical(text(json!({"output": {"status": "nested"}})));
         assert_eq!(b.status(), None);
+        let c = Answer::Canonical(text(json!({"status": "a \"quoted\" word"})));
+        assert_eq!(c.status(), None, "a value with escapes is not read");
         assert_eq!(
             Answer::Value(json!({"status": "failed"})).status(),
             Some("failed")

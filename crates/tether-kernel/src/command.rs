@@ -23,6 +23,7 @@ use tether_core::ids::{self, CommandId};
 use tether_core::manifest::{Concurrency, Mode};
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Receipt, Refusal, Status};
+use tether_store::canonical::CanonicalText;
 use tether_store::{
     canonical, BudgetRow, CanonicalBody, Commit, EventBody, EventDraft, ReceiptRef, RevisionRow,
 };
@@ -2105,7 +2106,7 @@ fn receipt_event(
     latency_us: u64,
     op_id: &str,
     admission: Admission,
-) -> (EventDraft, Option<String>) {
+) -> (EventDraft, Option<CanonicalText>) {
     const KIND: &str = "command.receipt";
     let extras = ReceiptExtras {
         latency_us,
@@ -2113,8 +2114,7 @@ fn receipt_event(
         approval_id: ctx.approval.get().map(String::as_str),
         operation_id: Some(op_id),
     };
-    let mut text = String::with_capacity(1024);
-    if write_receipt(&receipt, &extras, &mut text).is_ok() {
+    if let Ok(text) = write_receipt(&receipt, &extras) {
         if let Some(body) = receipt_body_text(ctx, &text, admission) {
             let body = CanonicalBody::new(body, Some(ctx.command_id.clone()));
             let event = EventDraft {
@@ -2161,40 +2161,50 @@ fn receipt_event(
 
 /// The canonical body of a receipt entry around the receipt's text: the
 /// same members the value path writes.
-fn receipt_body_text(ctx: &Ctx, receipt_text: &str, admission: Admission) -> Option<String> {
-    use tether_store::canonical::{write_members, Member};
-    let mut principal = String::with_capacity(48);
-    let mut members = [
-        ("id", Member::Str(&ctx.principal.id)),
-        ("kind", Member::Str(ctx.principal.kind.as_str())),
-    ];
-    write_members(&mut members, &mut principal, 1).ok()?;
+fn receipt_body_text(
+    ctx: &Ctx,
+    receipt_text: &CanonicalText,
+    admission: Admission,
+) -> Option<CanonicalText> {
+    use tether_store::canonical::{object_text, Member};
+    let principal = object_text(
+        &mut [
+            ("id", Member::Str(&ctx.principal.id)),
+            ("kind", Member::Str(ctx.principal.kind.as_str())),
+        ],
+        1,
+    )
+    .ok()?;
     let session = ctx.session_id.as_deref().map_or(Member::Null, Member::Str);
-    let mut body = String::with_capacity(receipt_text.len() + 256);
     match admission {
         Admission::WithReceipt(risk) => {
-            let mut part = String::with_capacity(160);
-            let mut members = [
-                ("decision", Member::Str("allow")),
-                ("principal", Member::Canonical(&principal)),
-                ("risk", Member::Str(risk)),
-                ("session_id", session),
-            ];
-            write_members(&mut members, &mut part, 1).ok()?;
-            let mut members = [
-                ("admission", Member::Canonical(&part)),
-                ("receipt", Member::Canonical(receipt_text)),
-            ];
-            write_members(&mut members, &mut body, 1).ok()?;
+            let part = object_text(
+                &mut [
+                    ("decision", Member::Str("allow")),
+                    ("principal", Member::Canonical(&principal)),
+                    ("risk", Member::Str(risk)),
+                    ("session_id", session),
+                ],
+                1,
+            )
+            .ok()?;
+            object_text(
+                &mut [
+                    ("admission", Member::Canonical(&part)),
+                    ("receipt", Member::Canonical(receipt_text)),
+                ],
+                1,
+            )
+            .ok()
         }
-        Admission::Recorded => {
-            let mut members = [
+        Admission::Recorded => object_text(
+            &mut [
                 ("principal", Member::Canonical(&principal)),
                 ("receipt", Member::Canonical(receipt_text)),
                 ("session_id", session),
-            ];
-            write_members(&mut members, &mut body, 1).ok()?;
-        }
+            ],
+            1,
+        )
+        .ok(),
     }
-    Some(body)
 }

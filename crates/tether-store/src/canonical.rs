@@ -152,6 +152,65 @@ fn write_object(
     Ok(())
 }
 
+/// JSON text in RFC 8785 canonical form. Only this module makes one, so a
+/// holder knows the text's form without parsing it again (the store writes
+/// it into the chain as it is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalText(String);
+
+impl CanonicalText {
+    /// The canonical form of `v`, refusing nesting deeper than `max_depth`.
+    ///
+    /// # Errors
+    /// [`TooDeep`].
+    pub fn of_value(v: &Value, max_depth: usize) -> Result<Self, TooDeep> {
+        let mut out = String::with_capacity(128);
+        write_value(v, &mut out, max_depth)?;
+        Ok(Self(out))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// Whether the text is an object (it starts with `{`).
+    pub fn is_object(&self) -> bool {
+        self.0.starts_with('{')
+    }
+}
+
+/// The canonical text of the object with `members` (see [`write_members`]).
+///
+/// # Errors
+/// As [`write_members`].
+pub fn object_text(
+    members: &mut [(&str, Member<'_>)],
+    max_depth: usize,
+) -> Result<CanonicalText, MembersError> {
+    // A size estimate, so a large object (a receipt) is not regrown as it is written.
+    let estimate: usize = members
+        .iter()
+        .map(|(name, m)| {
+            name.len()
+                + 4
+                + match m {
+                    Member::Str(s) => s.len() + 2,
+                    Member::Canonical(t) => t.as_str().len(),
+                    _ => 16,
+                }
+        })
+        .sum();
+    let mut out = String::with_capacity(estimate + 2);
+    write_members(members, &mut out, max_depth)?;
+    Ok(CanonicalText(out))
+}
+
 /// The value of one member written by [`write_members`].
 #[derive(Debug, Clone, Copy)]
 pub enum Member<'a> {
@@ -165,9 +224,8 @@ pub enum Member<'a> {
     Str(&'a str),
     /// Any JSON value, written canonically (depth-bounded).
     Value(&'a Value),
-    /// Text this module already wrote in canonical form (an object, array or
-    /// scalar); copied as-is.
-    Canonical(&'a str),
+    /// Text this module already wrote in canonical form; copied as is.
+    Canonical(&'a CanonicalText),
 }
 
 /// Most members [`write_members`] sorts in place: the sort is an insertion
@@ -221,7 +279,7 @@ pub fn write_members(
             Member::Value(v) => {
                 write_value(v, out, max_depth).map_err(|_| MembersError::TooDeep)?
             }
-            Member::Canonical(text) => out.push_str(text),
+            Member::Canonical(text) => out.push_str(text.as_str()),
         }
     }
     out.push('}');
@@ -413,8 +471,7 @@ mod tests {
     #[test]
     fn written_members_equal_the_canonical_form_of_the_same_object() {
         let nested = json!({"z": [1.0, -0.0, 1e21], "a": {"y": "\u{1F600}", "b": null}});
-        let mut inner = String::new();
-        write_canonical(&json!({"k": 2, "e": true}), &mut inner);
+        let inner = CanonicalText::of_value(&json!({"k": 2, "e": true}), 64).expect("shallow");
         let mut members = [
             ("status", Member::Str("completed")),
             ("output", Member::Value(&nested)),

@@ -80,13 +80,12 @@ impl From<Value> for EventBody {
     }
 }
 
-/// An event body already in RFC 8785 canonical form, as
-/// [`canonical::write_members`] writes it.
-///
-/// The store cannot afford to re-parse what the writer produced on every
-/// command, so it trusts the text's form; it still bounds its size, and a
-/// debug build parses it back and checks it is the canonical object it
-/// claims to be (every test run exercises that check).
+/// An event body already in RFC 8785 canonical form: a
+/// [`canonical::CanonicalText`], which only the canonical writer makes, so
+/// the store need not parse it again. It still bounds its size and refuses a
+/// text that is not an object, and a debug build parses it back and checks
+/// it is the canonical object it claims to be and holds the receipt it names
+/// (every test run exercises that check).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CanonicalBody {
     text: String,
@@ -94,12 +93,13 @@ pub struct CanonicalBody {
 }
 
 impl CanonicalBody {
-    /// A body whose text `text` is a canonical object. `receipt_command_id`
-    /// names the `command_id` of the receipt held as its `receipt` member,
-    /// when it holds one (what a [`ReceiptRef`] is checked against).
-    pub fn new(text: String, receipt_command_id: Option<String>) -> Self {
+    /// A body of canonical text `text` (an object, or the commit is refused).
+    /// `receipt_command_id` names the `command_id` of the receipt held as
+    /// its `receipt` member, when it holds one (what a [`ReceiptRef`] is
+    /// checked against).
+    pub fn new(text: canonical::CanonicalText, receipt_command_id: Option<String>) -> Self {
         Self {
-            text,
+            text: text.into_string(),
             receipt_command_id,
         }
     }
@@ -117,7 +117,7 @@ impl CanonicalBody {
 
 impl EventBody {
     /// The body as a value (parsing canonical text; `Null` if it does not
-    /// parse, which a body written by `write_members` always does).
+    /// parse, which canonical text always does).
     pub fn to_value(&self) -> Value {
         match self {
             EventBody::Value(v) => v.clone(),

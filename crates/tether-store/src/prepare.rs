@@ -219,6 +219,12 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
                 bounded_json(body, "event body")?
             }
             EventBody::Canonical(body) => {
+                if !body.text().starts_with('{') {
+                    return Err(invalid(format!(
+                        "body of event {:?} is not a JSON object",
+                        e.kind
+                    )));
+                }
                 debug_check_canonical(body);
                 if copy {
                     body.text().to_owned()
