@@ -467,30 +467,17 @@ impl Kernel {
         req: CommandRequest,
         cancel: CancelToken,
     ) -> Result<Value, ApiError> {
-        self.write_answer(p, req, cancel)
+        self.write_answer(p, req, cancel, None)
             .await
             .map(Answer::into_value)
     }
 
-    /// `write_cancellable` answering as [`Kernel::command_answer`] does.
+    /// `write_cancellable` answering (and signalling admission) as
+    /// [`Kernel::command_answer`] does.
     ///
     /// # Errors
     /// As `write`.
     pub async fn write_answer(
-        &self,
-        p: &Principal,
-        req: CommandRequest,
-        cancel: CancelToken,
-    ) -> Result<Answer, ApiError> {
-        self.write_admitting(p, req, cancel, None).await
-    }
-
-    /// `write_answer` that fires `on_admit` as [`Kernel::command_admitting`]
-    /// does.
-    ///
-    /// # Errors
-    /// As `write`.
-    pub async fn write_admitting(
         &self,
         p: &Principal,
         mut req: CommandRequest,
@@ -529,7 +516,7 @@ impl Kernel {
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
-        self.command_admitting(p, req, cancel, on_admit).await
+        self.command_answer(p, req, cancel, on_admit).await
     }
 
     // ----- commands -------------------------------------------------------
@@ -559,7 +546,7 @@ impl Kernel {
         req: CommandRequest,
         cancel: CancelToken,
     ) -> Result<Value, ApiError> {
-        self.command_answer(p, req, cancel)
+        self.command_answer(p, req, cancel, None)
             .await
             .map(Answer::into_value)
     }
@@ -567,28 +554,15 @@ impl Kernel {
     /// `command_cancellable` answering with the receipt's canonical text
     /// when it has one (see [`Answer`]): the path the surfaces take, so a
     /// dispatched command's receipt is written once and never built as a
-    /// value.
-    ///
-    /// # Errors
-    /// As `command`.
-    pub async fn command_answer(
-        &self,
-        p: &Principal,
-        req: CommandRequest,
-        cancel: CancelToken,
-    ) -> Result<Answer, ApiError> {
-        self.command_admitting(p, req, cancel, None).await
-    }
-
-    /// `command_answer` that fires `on_admit` once the command has passed
+    /// value. `on_admit`, when given, fires once the command has passed
     /// steps 2 to 11 and goes on to dispatch; a command refused before that
-    /// (or answered by a replay) drops it unfired. Lets a surface that
+    /// (or answered by a replay) drops it unfired. It lets a surface that
     /// answers before the outcome (the REST gateway's 202) tell an admitted
     /// command from a refused one by the real evaluation, not a dry run.
     ///
     /// # Errors
     /// As `command`.
-    pub async fn command_admitting(
+    pub async fn command_answer(
         &self,
         p: &Principal,
         req: CommandRequest,

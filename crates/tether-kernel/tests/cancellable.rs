@@ -68,7 +68,7 @@ async fn a_stop_class_command_ignores_a_cancelled_token() {
     assert_eq!(r["status"], "completed", "{r}");
 }
 
-/// `command_admitting` fires its signal for a command that passed steps 2-11
+/// `command_answer` fires its admission signal for a command that passed steps 2-11
 /// (before its outcome is known) and drops it for one they refuse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_signal_fires_for_an_admitted_command_only() {
@@ -86,7 +86,7 @@ async fn the_admission_signal_fires_for_an_admitted_command_only() {
     );
     let (k2, p2) = (k.clone(), p.clone());
     let run = tokio::spawn(async move {
-        k2.command_admitting(&p2, motion, CancelToken::new(), Some(tx))
+        k2.command_answer(&p2, motion, CancelToken::new(), Some(tx))
             .await
     });
     rx.await.expect("an admitted command signals");
@@ -103,7 +103,7 @@ async fn the_admission_signal_fires_for_an_admitted_command_only() {
         json!({"joints": [99.0, 0, 0, 0, 0, 0], "speed": 1.0}),
     );
     let r = k
-        .command_admitting(&p, too_far, CancelToken::new(), Some(tx))
+        .command_answer(&p, too_far, CancelToken::new(), Some(tx))
         .await
         .expect("receipt")
         .into_value();

@@ -363,32 +363,33 @@ impl ControlPolicy {
         input: &Value,
     ) -> (std::borrow::Cow<'_, Verdict>, Arc<Value>) {
         use std::borrow::Cow;
-        let shape = self
-            .slices
-            .get(device)
-            .and_then(|d| d.get(binding))
-            .and_then(|shapes| shapes.get(shape_index(who.kind, action)));
-        let known = self.bindings.get(device).and_then(|d| d.get(binding));
-        if let (Some(slice), Some(_)) = (shape, known) {
-            if let (Some(fixed), Some(json)) = (&slice.fixed, &slice.fixed_json) {
-                return (Cow::Borrowed(fixed), Arc::clone(json));
+        let verdict = match self.slice_for(who, action, device, binding) {
+            Ok((b, slice)) => {
+                if let (Some(fixed), Some(json)) = (&slice.fixed, &slice.fixed_json) {
+                    return (Cow::Borrowed(fixed), Arc::clone(json));
+                }
+                self.decide_on(slice, who, action, b, input)
             }
-        }
-        let verdict = self.decide_built(who, action, device, binding, input);
+            Err(deny) => deny,
+        };
         let json = Arc::new(verdict.to_json());
         (Cow::Owned(verdict), json)
     }
 
-    fn decide_built(
+    /// The binding and the policy slice of a request's shape; a deny when
+    /// either is unknown.
+    fn slice_for(
         &self,
         who: &Subject<'_>,
         action: Action,
         device: usize,
         binding: usize,
-        input: &Value,
-    ) -> Verdict {
+    ) -> Result<(&BindingEnt, &Slice), Verdict> {
         let Some(b) = self.bindings.get(device).and_then(|d| d.get(binding)) else {
-            return Verdict::deny(Vec::new(), "the binding is unknown to the policy".into());
+            return Err(Verdict::deny(
+                Vec::new(),
+                "the binding is unknown to the policy".into(),
+            ));
         };
         let Some(slice) = self
             .slices
@@ -396,9 +397,12 @@ impl ControlPolicy {
             .and_then(|d| d.get(binding))
             .and_then(|shapes| shapes.get(shape_index(who.kind, action)))
         else {
-            return Verdict::deny(Vec::new(), "no policy slice for this request".into());
+            return Err(Verdict::deny(
+                Vec::new(),
+                "no policy slice for this request".into(),
+            ));
         };
-        self.decide_on(slice, who, action, b, input)
+        Ok((b, slice))
     }
 
     fn decide_on(

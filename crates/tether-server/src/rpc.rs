@@ -588,7 +588,7 @@ async fn dispatch(
                 safe_place_grant: None,
                 permit_id: None,
             };
-            kernel.write_answer(p, req, CancelToken::new()).await
+            kernel.write_answer(p, req, CancelToken::new(), None).await
         }
         "mhs.command" if !is_estop => {
             let q: CommandParams = parse(params)?;
@@ -604,7 +604,9 @@ async fn dispatch(
                 safe_place_grant: q.safe_place_grant,
                 permit_id: q.permit_id,
             };
-            kernel.command_answer(p, req, CancelToken::new()).await
+            kernel
+                .command_answer(p, req, CancelToken::new(), None)
+                .await
         }
         _ => dispatch_value(kernel, p, method, params)
             .await

@@ -208,34 +208,32 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         if e.kind.is_empty() {
             return Err(invalid("event kind is empty"));
         }
-        let body_json = match &e.body {
+        let is_object = match &e.body {
+            EventBody::Value(body) => body.is_object(),
+            EventBody::Canonical(body) => body.text().starts_with('{'),
+        };
+        if !is_object {
+            return Err(invalid(format!(
+                "body of event {:?} is not a JSON object",
+                e.kind
+            )));
+        }
+        // A canonical body is moved in by `prepare_owned` unless copied here.
+        let (body_json, body_len) = match &e.body {
             EventBody::Value(body) => {
-                if !body.is_object() {
-                    return Err(invalid(format!(
-                        "body of event {:?} is not a JSON object",
-                        e.kind
-                    )));
-                }
-                bounded_json(body, "event body")?
+                let text = bounded_json(body, "event body")?;
+                let len = text.len();
+                (text, len)
             }
             EventBody::Canonical(body) => {
-                if !body.text().starts_with('{') {
-                    return Err(invalid(format!(
-                        "body of event {:?} is not a JSON object",
-                        e.kind
-                    )));
-                }
                 debug_check_canonical(body);
-                if copy {
+                let text = if copy {
                     body.text().to_owned()
                 } else {
                     String::new()
-                }
+                };
+                (text, body.text().len())
             }
-        };
-        let body_len = match &e.body {
-            EventBody::Canonical(body) => body.text().len(),
-            EventBody::Value(_) => body_json.len(),
         };
         let kind_json = kind_json(&e.kind);
         if body_len + kind_json.len() + ENTRY_OVERHEAD > MAX_ENTRY_BYTES {

@@ -522,11 +522,11 @@ impl Gateway {
     ) -> Option<Value> {
         let answer = if kind == ToolKind::Write {
             self.kernel
-                .write_admitting(&p, req, cancel, Some(admitted))
+                .write_answer(&p, req, cancel, Some(admitted))
                 .await
         } else {
             self.kernel
-                .command_admitting(&p, req, cancel, Some(admitted))
+                .command_answer(&p, req, cancel, Some(admitted))
                 .await
         }
         .map(tether_kernel::Answer::into_value);
