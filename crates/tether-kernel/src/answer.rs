@@ -11,6 +11,7 @@
 //! gives what the chain gives back on a replay (numbers in canonical form).
 
 use serde_json::Value;
+use std::borrow::Cow;
 use tether_core::{Receipt, Refusal};
 use tether_store::canonical::{self, CanonicalText, Member, MembersError};
 use tether_store::MAX_BODY_DEPTH;
@@ -57,7 +58,40 @@ impl Answer {
     pub fn status(&self) -> Option<&str> {
         match self {
             Answer::Value(v) => v.get("status").and_then(Value::as_str),
-            Answer::Canonical(text) => top_level_string(text.as_str(), "status"),
+            Answer::Canonical(text) => plain_string(top_level_raw(text.as_str(), "status")?),
+        }
+    }
+
+    /// Top-level member `name`, when it is a string.
+    pub fn string_member(&self, name: &str) -> Option<Cow<'_, str>> {
+        match self {
+            Answer::Value(v) => v.get(name).and_then(Value::as_str).map(Cow::Borrowed),
+            Answer::Canonical(text) => {
+                let raw = top_level_raw(text.as_str(), name)?;
+                match plain_string(raw) {
+                    Some(plain) => Some(Cow::Borrowed(plain)),
+                    // Escapes: let the parser undo them.
+                    None => serde_json::from_str::<String>(raw).ok().map(Cow::Owned),
+                }
+            }
+        }
+    }
+
+    /// A copy of top-level member `name` (`None` when absent).
+    pub fn member(&self, name: &str) -> Option<Value> {
+        match self {
+            Answer::Value(v) => v.get(name).cloned(),
+            Answer::Canonical(text) => {
+                serde_json::from_str(top_level_raw(text.as_str(), name)?).ok()
+            }
+        }
+    }
+
+    /// Whether the document has a top-level member `name`.
+    pub fn has_member(&self, name: &str) -> bool {
+        match self {
+            Answer::Value(v) => v.get(name).is_some(),
+            Answer::Canonical(text) => top_level_raw(text.as_str(), name).is_some(),
         }
     }
 }
@@ -72,35 +106,77 @@ fn parse_canonical(text: &str) -> Value {
     })
 }
 
-/// The string value of top-level member `name` of canonical object text,
-/// for a value without escapes (a status word); `None` otherwise.
-fn top_level_string<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    // Walk the top level only: skip strings and nested containers.
+/// The contents of a JSON string literal that holds no escape.
+fn plain_string(raw: &str) -> Option<&str> {
+    let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
+    (!inner.contains('\\')).then_some(inner)
+}
+
+/// The raw JSON text of top-level member `name` of canonical object text
+/// (compact: no whitespace between tokens), for a `name` without escapes.
+/// `None` when absent or when the text is not such an object. Every step
+/// moves forward, so the walk is bounded by the text's length.
+fn top_level_raw<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     let bytes = text.as_bytes();
+    let mut i = usize::from(bytes.first() == Some(&b'{'));
+    if i == 0 {
+        return None;
+    }
+    while i < bytes.len() && bytes[i] == b'"' {
+        let key_end = string_end(bytes, i)?;
+        let key = text.get(i + 1..key_end - 1)?;
+        if bytes.get(key_end) != Some(&b':') {
+            return None;
+        }
+        let value_start = key_end + 1;
+        let value_end = value_end(bytes, value_start)?;
+        if key == name {
+            return text.get(value_start..value_end);
+        }
+        i = value_end;
+        match bytes.get(i) {
+            Some(b',') => i += 1,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Index just past the string literal that starts at `start` (a `"`).
+fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Index just past the JSON value that starts at `start`.
+fn value_end(bytes: &[u8], start: usize) -> Option<usize> {
     let mut depth = 0usize;
-    let mut i = 0usize;
+    let mut i = start;
     while i < bytes.len() {
         match bytes[i] {
             b'"' => {
-                let start = i + 1;
-                i = start;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
-                }
-                let key = text.get(start..i)?;
-                i += 1;
-                if depth == 1 && key == name && bytes.get(i) == Some(&b':') {
-                    let vstart = i + 2;
-                    if bytes.get(i + 1) != Some(&b'"') {
-                        return None;
-                    }
-                    let vend = vstart + text.get(vstart..)?.find('"')?;
-                    return text.get(vstart..vend).filter(|v| !v.ends_with('\\'));
+                i = string_end(bytes, i)?;
+                if depth == 0 {
+                    return Some(i);
                 }
                 continue;
             }
             b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'}' | b']' if depth == 0 => return Some(i),
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            b',' if depth == 0 => return Some(i),
             _ => {}
         }
         i += 1;
@@ -354,6 +430,37 @@ mod tests {
                 let written = written.map(CanonicalText::into_string).unwrap_or_default();
                 prop_assert_eq!(written, canonical::to_canonical_string(&value_path(&r, &x)));
             }
+
+            /// Reading a member out of canonical text gives what the parsed
+            /// text holds, for any object and any name.
+            #[test]
+            fn members_read_from_canonical_text_are_the_documents(
+                members in proptest::collection::vec((text(), document()), 0..6),
+                probe in text(),
+            ) {
+                let doc = Value::Object(members.into_iter().collect());
+                let text = CanonicalText::of_value(&doc, 16);
+                prop_assert!(text.is_ok());
+                let answer = Answer::Canonical(text.unwrap_or_else(|_| unreachable!()));
+                // What the text denotes (numbers in canonical form).
+                let doc = answer.clone().into_value();
+                let names: Vec<String> = doc
+                    .as_object()
+                    .map(|o| o.keys().cloned().collect())
+                    .unwrap_or_default();
+                for name in names.iter().chain(std::iter::once(&probe)) {
+                    // Names with escapes are not looked up (ids and words are plain).
+                    if canonical::to_canonical_string(&Value::from(name.as_str())).contains('\\') {
+                        continue;
+                    }
+                    prop_assert_eq!(answer.member(name), doc.get(name).cloned());
+                    prop_assert_eq!(answer.has_member(name), doc.get(name).is_some());
+                    prop_assert_eq!(
+                        answer.string_member(name).map(|c| c.into_owned()),
+                        doc.get(name).and_then(Value::as_str).map(str::to_owned)
+                    );
+                }
+            }
         }
     }
 
@@ -384,6 +491,11 @@ mod tests {
         assert_eq!(b.status(), None);
         let c = Answer::Canonical(text(json!({"status": "a \"quoted\" word"})));
         assert_eq!(c.status(), None, "a value with escapes is not read");
+        assert_eq!(
+            c.string_member("status").as_deref(),
+            Some("a \"quoted\" word"),
+            "but it is by string_member"
+        );
         assert_eq!(
             Answer::Value(json!({"status": "failed"})).status(),
             Some("failed")

@@ -124,6 +124,14 @@ impl EventBody {
             EventBody::Canonical(c) => serde_json::from_str(&c.text).unwrap_or(Value::Null),
         }
     }
+
+    /// [`EventBody::to_value`], without copying a value.
+    pub fn into_value(self) -> Value {
+        match self {
+            EventBody::Value(v) => v,
+            EventBody::Canonical(c) => serde_json::from_str(&c.text).unwrap_or(Value::Null),
+        }
+    }
 }
 
 /// The stored outcome of one command, keyed by its `command_id`.
@@ -230,13 +238,15 @@ pub struct ApprovalRow {
 
 /// One invocation of the REST tool gateway, retained so that its id answers
 /// after a restart. The store keeps `info` as given (the gateway decides what
-/// it holds: tool, attempt, command id, status, receipt).
+/// it holds: tool, attempt, command id, status, receipt). Written as a value
+/// or as canonical text (an object either way, bounded like an event body);
+/// always read back as a value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InvocationRow {
     /// `inv_<ULID>`, minted by the gateway.
     pub invocation_id: String,
     /// What the gateway needs to answer for it later.
-    pub info: Value,
+    pub info: EventBody,
 }
 
 /// A physical operation whose start is durable and whose finish is not yet:

@@ -35,7 +35,8 @@ struct State {
     version: u64,
     open_ops: BTreeMap<String, crate::OpenOp>,
     approvals: Vec<crate::ApprovalRow>,
-    invocations: HashMap<String, crate::InvocationRow>,
+    /// Invocation infos by id, as the canonical JSON text SQLite stores.
+    invocations: HashMap<String, String>,
 }
 
 impl State {
@@ -190,9 +191,8 @@ impl Backend for MemoryBackend {
                     None => st.approvals.push(a.clone()),
                 }
             }
-            for (row, _) in &c.invocations {
-                st.invocations
-                    .insert(row.invocation_id.clone(), row.clone());
+            for (id, info) in &c.invocations {
+                st.invocations.insert(id.clone(), info.clone());
             }
             for id in &c.budget_releases {
                 if let Some(&at) = st.budget_index.get(id) {
@@ -283,7 +283,18 @@ impl Store for MemoryStore {
     }
 
     fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
-        Ok(lock(&self.state).invocations.get(invocation_id).cloned())
+        let Some(text) = lock(&self.state).invocations.get(invocation_id).cloned() else {
+            return Ok(None);
+        };
+        let info: Value = serde_json::from_str(&text).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "invocation {invocation_id:?} is not valid JSON: {e}"
+            ))
+        })?;
+        Ok(Some(crate::InvocationRow {
+            invocation_id: invocation_id.to_owned(),
+            info: info.into(),
+        }))
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {

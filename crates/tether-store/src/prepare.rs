@@ -48,7 +48,8 @@ pub(crate) struct Prepared {
     pub open_ops: Vec<(crate::OpenOp, String)>,
     pub closed_ops: Vec<String>,
     pub approvals: Vec<(crate::ApprovalRow, String)>,
-    pub invocations: Vec<(crate::InvocationRow, String)>,
+    /// `(invocation_id, info_json)`.
+    pub invocations: Vec<(String, String)>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -73,8 +74,8 @@ fn bounded_json(v: &Value, what: &str) -> Result<String, StoreError> {
 }
 
 /// A debug build checks what a release build trusts: that a canonical body
-/// is an object, is the canonical text of what it parses to, fits the depth
-/// bound, and holds the receipt it names.
+/// (an event's, or an invocation's info) is an object, is the canonical text
+/// of what it parses to, fits the depth bound, and holds the receipt it names.
 fn debug_check_canonical(body: &CanonicalBody) {
     #[cfg(debug_assertions)]
     {
@@ -175,6 +176,12 @@ pub(crate) fn prepare_owned(c: Commit) -> Result<Prepared, StoreError> {
     p.budget_draws = c.budget_draws;
     p.budget_releases = c.budget_releases;
     p.closed_ops = c.closed_ops;
+    debug_assert_eq!(p.invocations.len(), c.invocations.len());
+    for (prepared, row) in p.invocations.iter_mut().zip(c.invocations) {
+        if let EventBody::Canonical(info) = row.info {
+            prepared.1 = info.text;
+        }
+    }
     Ok(p)
 }
 
@@ -322,8 +329,25 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         if row.invocation_id.is_empty() {
             return Err(invalid("invocation_id is empty"));
         }
-        let info_json = bounded_json(&row.info, "invocation info")?;
-        invocations.push((row.clone(), info_json));
+        let info_json = match &row.info {
+            EventBody::Value(info) if info.is_object() => bounded_json(info, "invocation info")?,
+            EventBody::Canonical(info) if info.text().starts_with('{') => {
+                debug_check_canonical(info);
+                if info.text().len() > MAX_ENTRY_BYTES {
+                    return Err(invalid(format!(
+                        "invocation info is larger than {MAX_ENTRY_BYTES} bytes"
+                    )));
+                }
+                // Moved in by `prepare_owned` unless copied here.
+                if copy {
+                    info.text().to_owned()
+                } else {
+                    String::new()
+                }
+            }
+            _ => return Err(invalid("invocation info is not a JSON object")),
+        };
+        invocations.push((row.invocation_id.clone(), info_json));
     }
     Ok(Prepared {
         approvals,

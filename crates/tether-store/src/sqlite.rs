@@ -655,8 +655,8 @@ fn apply_one(
             "INSERT INTO invocations(invocation_id, info) VALUES (?1, ?2)
              ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info",
         )?;
-        for (row, info) in &c.invocations {
-            upsert.execute(params![&row.invocation_id, info])?;
+        for (invocation_id, info) in &c.invocations {
+            upsert.execute(params![invocation_id, info])?;
         }
     }
     Ok(Ok(CommitAck {
@@ -789,7 +789,7 @@ impl Store for SqliteStore {
                 .map_err(|e| corrupt_json("invocation", invocation_id, e))?;
             Ok(crate::InvocationRow {
                 invocation_id: invocation_id.to_owned(),
-                info,
+                info: info.into(),
             })
         })
         .transpose()

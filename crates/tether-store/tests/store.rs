@@ -641,7 +641,7 @@ fn drop_drains_the_queue() {
 fn invocations_are_upserted_and_survive_a_reopen() {
     let row = |status: &str| tether_store::InvocationRow {
         invocation_id: "inv_1".into(),
-        info: json!({"command_id": "c1", "status": status}),
+        info: json!({"command_id": "c1", "status": status}).into(),
     };
     both(|s| {
         assert_eq!(s.invocation("inv_1").expect("read"), None);

@@ -11,7 +11,8 @@ use tether_core::json::parse_strict;
 use tether_core::Code;
 use tether_kernel::ApiError;
 
-use crate::json_response;
+use crate::{bytes_response, json_response};
+use tether_store::canonical::CanonicalText;
 
 /// An error answered with the REST envelope.
 #[derive(Debug)]
@@ -123,9 +124,33 @@ pub(crate) fn error_body(code: Code, message: &str, details: &Value) -> Value {
     })
 }
 
+/// What a success carries: a value, or an object already written as
+/// canonical text (an invocation record with its receipt), spliced into the
+/// envelope as it is.
+pub(crate) enum Data {
+    Value(Value),
+    Text(CanonicalText),
+}
+
+impl From<Value> for Data {
+    fn from(v: Value) -> Self {
+        Data::Value(v)
+    }
+}
+
 /// A success: `{ok: true, data}`.
-pub(crate) fn ok(status: StatusCode, data: Value) -> Response {
-    json_response(status, &json!({"ok": true, "data": data}))
+pub(crate) fn ok(status: StatusCode, data: Data) -> Response {
+    match data {
+        Data::Value(data) => json_response(status, &json!({"ok": true, "data": data})),
+        Data::Text(text) => {
+            const HEAD: &[u8] = br#"{"ok":true,"data":"#;
+            let mut body = Vec::with_capacity(HEAD.len() + text.as_str().len() + 1);
+            body.extend_from_slice(HEAD);
+            body.extend_from_slice(text.as_str().as_bytes());
+            body.push(b'}');
+            bytes_response(status, body)
+        }
+    }
 }
 
 impl IntoResponse for RestError {

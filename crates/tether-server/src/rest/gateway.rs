@@ -4,8 +4,8 @@
 //! through `Kernel` with the caller's principal, on a session the gateway
 //! keeps for that principal.
 
-use super::envelope::RestError;
-use super::invocations::{self, Invocation, Outcome, Table, PENDING};
+use super::envelope::{Data, RestError};
+use super::invocations::{self, Finished, Form, Invocation, Outcome, Record, Table};
 use crate::tools::{Tool, ToolKind};
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -21,7 +21,8 @@ use tether_kernel::{
     ApiError, CancelToken, CommandRequest, EstopRequest, Kernel, Principal, ReadRequest,
     SessionOpen,
 };
-use tether_store::{canonical, Commit, EventDraft, InvocationRow};
+use tether_store::canonical::{self, CanonicalText, Member, MembersError};
+use tether_store::{CanonicalBody, Commit, EventBody, EventDraft, InvocationRow};
 
 /// Longest deadline an invocation may ask for, ms (as on JSON-RPC).
 const DEADLINE_MS_MAX: u64 = 86_400_000;
@@ -88,6 +89,21 @@ fn internal(what: &str) -> RestError {
         format!("{what} unavailable"),
         json!({"reason": "lock_poisoned"}),
     )
+}
+
+/// A record that cannot be written: a receipt or error nested past the
+/// evidence bound (the kernel bounds both, so this is a defect).
+pub(crate) fn unwritable(e: MembersError) -> RestError {
+    RestError::new(
+        Code::ProtocolInternal,
+        "the invocation record cannot be written",
+        json!({"reason": "record_unwritable", "defect": format!("{e:?}")}),
+    )
+}
+
+/// An evidence body written from canonical text.
+fn canonical_body(text: CanonicalText) -> EventBody {
+    EventBody::Canonical(CanonicalBody::new(text, None))
 }
 
 impl Gateway {
@@ -215,7 +231,7 @@ impl Gateway {
         p: &Principal,
         tool: &Tool,
         body: InvokeBody,
-    ) -> Result<(StatusCode, Value), RestError> {
+    ) -> Result<(StatusCode, Data), RestError> {
         if tool.kind == ToolKind::Estop {
             // Nothing about the request may prevent a stop: a non-object input
             // stops every device and an invalid deadline is ignored.
@@ -275,7 +291,7 @@ impl Gateway {
         p: &Principal,
         tool: &Tool,
         input: &Value,
-    ) -> Result<(StatusCode, Value), RestError> {
+    ) -> Result<(StatusCode, Data), RestError> {
         if input.as_object().is_some_and(|o| !o.is_empty()) {
             return Err(RestError::new(
                 Code::CapabilityInputInvalid,
@@ -297,7 +313,7 @@ impl Gateway {
             .await?;
         Ok((
             StatusCode::OK,
-            json!({"tool_id": tool.name, "result": result}),
+            json!({"tool_id": tool.name, "result": result}).into(),
         ))
     }
 
@@ -307,7 +323,7 @@ impl Gateway {
         p: &Principal,
         input: Value,
         deadline: Option<Duration>,
-    ) -> Result<(StatusCode, Value), RestError> {
+    ) -> Result<(StatusCode, Data), RestError> {
         let named = input.get("device_id").and_then(Value::as_str);
         let device_ids: Vec<String> = named.map(|d| vec![d.to_owned()]).unwrap_or_default();
         if let Some(d) = named {
@@ -339,7 +355,7 @@ impl Gateway {
             .await;
         Ok((
             StatusCode::OK,
-            json!({"tool_id": crate::tools::ESTOP_TOOL, "receipt": receipt}),
+            json!({"tool_id": crate::tools::ESTOP_TOOL, "receipt": receipt}).into(),
         ))
     }
 
@@ -362,38 +378,39 @@ impl Gateway {
         p: &Principal,
         tool: &Tool,
         req: CommandRequest,
-    ) -> Result<(StatusCode, Value), RestError> {
+    ) -> Result<(StatusCode, Data), RestError> {
         // Protocol errors before anything is recorded; a refusal inside the
         // evaluation order comes from the real command below.
         self.kernel.reachable(p, &req)?;
         let cancellable =
             !catalogue::class(&tool.capability_id).is_some_and(|c| c.flags.stop_class);
-        let info = json!({
-            "invocation_id": ids::mint("inv_"),
-            "attempt_id": ids::mint("att_"),
-            "tool_id": tool.name,
-            "device_id": tool.device_id,
-            "capability_id": tool.capability_id,
-            "resource": tool.resource,
-            "command_id": req.command_id,
-            "input_digest": canonical::digest(&req.input),
-            "principal": p.to_json(),
-            "accepted_at_ms": now_ms(),
-            "status": PENDING,
-            "cancel_requested": false,
-            "stop_requested": false,
-            "receipt": null,
-            "error": null,
-            "finished_at_ms": null,
-        });
-        let inv_id = info["invocation_id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let record = Record {
+            invocation_id: ids::mint("inv_"),
+            attempt_id: ids::mint("att_"),
+            tool_id: tool.name.clone(),
+            device_id: tool.device_id.clone(),
+            capability_id: tool.capability_id.clone(),
+            resource: Some(tool.resource.clone()),
+            command_id: req.command_id.clone(),
+            input_digest: canonical::digest(&req.input),
+            principal_id: p.id.clone(),
+            principal_kind: p.kind.as_str().to_owned(),
+            accepted_at_ms: now_ms(),
+            status: invocations::PENDING.to_owned(),
+            cancel_requested: false,
+            stop_requested: false,
+            receipt: None,
+            error: None,
+            finished_at_ms: None,
+        };
+        let inv_id = record.invocation_id.clone();
+        // The 202's body: the record as accepted (pending), whatever the
+        // command has done by the time it is sent.
+        let view = record
+            .write(Form::View { links: true })
+            .map_err(unwritable)?;
         let cancel = CancelToken::new();
-        let info = self
-            .accept(&inv_id, info, cancel.clone(), cancellable)
-            .await?;
+        self.accept(record, cancel.clone(), cancellable).await?;
         let kind = tool.kind;
         let (admitted, on_admit) = tokio::sync::oneshot::channel();
         let run = tokio::spawn(Arc::clone(self).run(
@@ -412,37 +429,29 @@ impl Gateway {
                 return Err(refusal_error(&inv_id, &rejected));
             }
         }
-        let mut view = invocations::view(info);
-        view["links"] = json!({
-            "self": format!("/invocations/{inv_id}"),
-            "result": format!("/invocations/{inv_id}/result"),
-            "cancel": format!("/invocations/{inv_id}/cancel"),
-            "stop": format!("/invocations/{inv_id}/stop"),
-        });
-        Ok((StatusCode::ACCEPTED, view))
+        Ok((StatusCode::ACCEPTED, Data::Text(view)))
     }
 
     /// Retains the invocation in memory and makes its record durable before
-    /// anything is answered or dispatched; gives the record back.
+    /// anything is answered or dispatched.
     async fn accept(
         &self,
-        inv_id: &str,
-        info: Value,
+        record: Record,
         cancel: CancelToken,
         cancellable: bool,
-    ) -> Result<Value, RestError> {
+    ) -> Result<(), RestError> {
+        let event = record.write(Form::Accepted).map_err(unwritable)?;
+        let row = record.write(Form::Row).map_err(unwritable)?;
+        let inv_id = record.invocation_id.clone();
         let inserted = self
             .table
             .lock()
             .map_err(|_| internal("invocation table"))?
-            .insert(
-                inv_id.to_owned(),
-                Invocation {
-                    info: info.clone(),
-                    cancel,
-                    cancellable,
-                },
-            );
+            .insert(Invocation {
+                record,
+                cancel,
+                cancellable,
+            });
         if !inserted {
             return Err(RestError::new(
                 Code::ProtocolInternal,
@@ -451,37 +460,24 @@ impl Gateway {
             )
             .with_status(StatusCode::SERVICE_UNAVAILABLE));
         }
-        let mut event = info.clone();
-        if let Some(o) = event.as_object_mut() {
-            for k in ["receipt", "error", "finished_at_ms", "status"] {
-                o.remove(k);
-            }
-        }
-        let mut commit = Commit {
+        let commit = Commit {
             events: vec![EventDraft {
                 kind: "invocation.accepted".into(),
-                body: event.into(),
+                body: canonical_body(event),
             }],
             invocations: vec![InvocationRow {
-                invocation_id: inv_id.to_owned(),
-                info,
+                invocation_id: inv_id.clone(),
+                info: canonical_body(row),
             }],
             ..Commit::default()
         };
-        // Serialised from a borrow, so the record comes back without a copy.
-        let durable = self.commit_ref(&commit).await;
-        let info = commit
-            .invocations
-            .pop()
-            .map(|row| row.info)
-            .unwrap_or(Value::Null);
-        if let Err(e) = durable {
+        if let Err(e) = self.commit(commit).await {
             // Not durable: nothing is dispatched and the id is forgotten.
             let outcome = Outcome::Error(
                 json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
             );
             if let Ok(mut t) = self.table.lock() {
-                t.finish(inv_id, outcome, now_ms(), false);
+                t.finish(&inv_id, outcome, now_ms(), false);
             }
             return Err(RestError::new(
                 Code::EvidenceUnavailable,
@@ -489,14 +485,13 @@ impl Gateway {
                 json!({"reason": "invocation_not_durable", "store_error": e}),
             ));
         }
-        Ok(info)
+        Ok(())
     }
 
-    /// Submits a commit the caller takes a record back from afterwards, and
-    /// waits until it is durable.
-    async fn commit_ref(&self, commit: &Commit) -> Result<(), String> {
+    /// Submits a commit (moved into the store) and waits until it is durable.
+    async fn commit(&self, commit: Commit) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.kernel.store().submit_ref(
+        self.kernel.store().submit(
             commit,
             Box::new(move |r| {
                 let _ = tx.send(r);
@@ -528,14 +523,13 @@ impl Gateway {
             self.kernel
                 .command_answer(&p, req, cancel, Some(admitted))
                 .await
-        }
-        .map(tether_kernel::Answer::into_value);
+        };
         let outcome = match answer {
             Ok(receipt) => Outcome::Receipt(receipt),
             Err(e) => Outcome::Error(api_error_json(&e)),
         };
         let rejected = match &outcome {
-            Outcome::Receipt(r) if r["status"] == "rejected" => Some(r.clone()),
+            Outcome::Receipt(r) if r.status() == Some("rejected") => Some(r.clone().into_value()),
             Outcome::Error(e) => Some(json!({"status": "rejected", "error": e})),
             Outcome::Receipt(_) => None,
         };
@@ -548,15 +542,40 @@ impl Gateway {
         // (the kernel's receipts table), where a restart finds it through the
         // accepted record: nothing more to write. A refusal is evidence but
         // never the stored outcome of its id, so the invocation keeps it, as
-        // does one whose receipt could not be made durable.
+        // does one whose receipt could not be made durable (`x-tether`).
         let stored_by_kernel = matches!(&outcome, Outcome::Receipt(r)
-            if r["status"] != "rejected" && r.get("x-tether").is_none());
+            if r.status() != Some("rejected") && !r.has_member("x-tether"));
         let finished = self
             .table
             .lock()
             .ok()
             .and_then(|mut t| t.finish(inv_id, outcome, now_ms(), !stored_by_kernel));
-        let Some(Some(info)) = finished else {
+        let Some(Some(finished)) = finished else {
+            return;
+        };
+        let Finished {
+            command_id,
+            status,
+            receipt_id,
+            row,
+        } = finished;
+        let event = canonical::object_text(
+            &mut [
+                ("invocation_id", Member::Str(inv_id)),
+                (
+                    "command_id",
+                    command_id.as_deref().map_or(Member::Null, Member::Str),
+                ),
+                ("status", Member::Str(&status)),
+                (
+                    "receipt_id",
+                    receipt_id.as_deref().map_or(Member::Null, Member::Str),
+                ),
+            ],
+            1,
+        );
+        let (Ok(event), Ok(row)) = (event, row) else {
+            tracing::error!(invocation_id = %inv_id, "an invocation's finish record cannot be written");
             return;
         };
         // Queued, not awaited: the answer does not depend on it.
@@ -564,11 +583,11 @@ impl Gateway {
             Commit {
                 events: vec![EventDraft {
                     kind: "invocation.finished".into(),
-                    body: json!({"invocation_id": inv_id, "command_id": info["command_id"], "status": info["status"], "receipt_id": info["receipt"]["receipt_id"]}).into(),
+                    body: canonical_body(event),
                 }],
                 invocations: vec![InvocationRow {
                     invocation_id: inv_id.to_owned(),
-                    info,
+                    info: canonical_body(row),
                 }],
                 ..Commit::default()
             },
@@ -584,7 +603,7 @@ impl Gateway {
 
     /// The invocation record for its owner: memory first, then the store.
     /// Another principal's invocation reads as unknown.
-    pub fn lookup(&self, p: &Principal, inv_id: &str) -> Result<Value, RestError> {
+    pub fn lookup(&self, p: &Principal, inv_id: &str) -> Result<Record, RestError> {
         let unknown = || {
             RestError::new(
                 Code::OperationUnknown,
@@ -597,20 +616,20 @@ impl Gateway {
             .lock()
             .map_err(|_| internal("invocation table"))?
             .get(inv_id)
-            .map(|i| i.info.clone());
-        let info = match in_memory {
-            Some(info) => info,
+            .map(|i| i.record.clone());
+        let record = match in_memory {
+            Some(record) => record,
             None => self.recover(inv_id)?.ok_or_else(unknown)?,
         };
-        if info["principal"]["id"].as_str() != Some(p.id.as_str()) {
+        if record.principal_id != p.id {
             return Err(unknown());
         }
-        Ok(info)
+        Ok(record)
     }
 
     /// A record from the store (after a restart or an eviction). A store that
     /// cannot be read refuses rather than guessing.
-    fn recover(&self, inv_id: &str) -> Result<Option<Value>, RestError> {
+    fn recover(&self, inv_id: &str) -> Result<Option<Record>, RestError> {
         let unavailable = |e: tether_store::StoreError| {
             RestError::new(
                 Code::EvidenceUnavailable,
@@ -626,8 +645,9 @@ impl Gateway {
         else {
             return Ok(None);
         };
-        let receipt = match row.info["command_id"].as_str() {
-            Some(cid) if row.info["status"] == PENDING => self
+        let info = row.info.into_value();
+        let receipt = match info["command_id"].as_str() {
+            Some(cid) if info["status"] == invocations::PENDING => self
                 .kernel
                 .store()
                 .receipt(cid)
@@ -635,12 +655,18 @@ impl Gateway {
                 .map(|r| r.receipt),
             _ => None,
         };
-        Ok(Some(invocations::recovered(row.info, receipt)))
+        Record::recovered(&info, receipt).map(Some).map_err(|member| {
+            RestError::new(
+                Code::EvidenceUnavailable,
+                "the stored invocation record cannot be read",
+                json!({"reason": "record_unreadable", "invocation_id": inv_id, "member": member}),
+            )
+        })
     }
 
     /// Delivers cancellation; never waits for, nor claims, a stop.
-    pub fn cancel(&self, p: &Principal, inv_id: &str) -> Result<(StatusCode, Value), RestError> {
-        let info = self.lookup(p, inv_id)?;
+    pub fn cancel(&self, p: &Principal, inv_id: &str) -> Result<(StatusCode, Data), RestError> {
+        let record = self.lookup(p, inv_id)?;
         let mut table = self
             .table
             .lock()
@@ -648,33 +674,29 @@ impl Gateway {
         let Some(inv) = table.get_mut(inv_id).filter(|i| i.pending()) else {
             return Ok((
                 StatusCode::OK,
-                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "already_finished", "status": info["status"]}),
+                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "already_finished", "status": record.status}).into(),
             ));
         };
         if !inv.cancellable {
             return Ok((
                 StatusCode::OK,
-                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled", "status": PENDING}),
+                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled", "status": invocations::PENDING}).into(),
             ));
         }
         inv.cancel.cancel();
-        inv.info["cancel_requested"] = json!(true);
+        inv.record.cancel_requested = true;
         Ok((
             StatusCode::ACCEPTED,
-            json!({"invocation_id": inv_id, "cancel_delivered": true, "status": PENDING,
-                   "note": "delivered, not confirmed: the invocation's result says how it ended"}),
+            json!({"invocation_id": inv_id, "cancel_delivered": true, "status": invocations::PENDING,
+                   "note": "delivered, not confirmed: the invocation's result says how it ended"}).into(),
         ))
     }
 
     /// Runs the device's stop-class command (e.g. `cap.motion.stop.v1`),
     /// which cancels every running operation of the device and asks the
     /// driver to halt. Not an e-stop: nothing is latched.
-    pub async fn stop(
-        &self,
-        p: &Principal,
-        inv_id: &str,
-    ) -> Result<(StatusCode, Value), RestError> {
-        let info = self.lookup(p, inv_id)?;
+    pub async fn stop(&self, p: &Principal, inv_id: &str) -> Result<(StatusCode, Data), RestError> {
+        let record = self.lookup(p, inv_id)?;
         let pending = self
             .table
             .lock()
@@ -684,10 +706,10 @@ impl Gateway {
         if !pending {
             return Ok((
                 StatusCode::OK,
-                json!({"invocation_id": inv_id, "stop_delivered": false, "reason": "already_finished", "status": info["status"]}),
+                json!({"invocation_id": inv_id, "stop_delivered": false, "reason": "already_finished", "status": record.status}).into(),
             ));
         }
-        let device_id = info["device_id"].as_str().unwrap_or_default().to_owned();
+        let device_id = record.device_id.unwrap_or_default();
         let stop = self.stop_tool(&device_id).ok_or_else(|| {
             RestError::new(
                 Code::CapabilityNotBound,
@@ -698,7 +720,7 @@ impl Gateway {
         })?;
         if let Ok(mut t) = self.table.lock() {
             if let Some(inv) = t.get_mut(inv_id) {
-                inv.info["stop_requested"] = json!(true);
+                inv.record.stop_requested = true;
             }
         }
         let req = CommandRequest {
@@ -717,7 +739,7 @@ impl Gateway {
         Ok((
             StatusCode::OK,
             json!({"invocation_id": inv_id, "stop_delivered": true, "stop_tool": stop.name, "stop_receipt": receipt,
-                   "note": "the device's stop ran (see stop_receipt); the invocation's result says how it ended"}),
+                   "note": "the device's stop ran (see stop_receipt); the invocation's result says how it ended"}).into(),
         ))
     }
 
@@ -731,7 +753,7 @@ impl Gateway {
 }
 
 /// The e-stop is served before this match; kept total without a panic.
-fn unreachable_estop() -> Result<(StatusCode, Value), RestError> {
+fn unreachable_estop() -> Result<(StatusCode, Data), RestError> {
     Err(internal("e-stop routing"))
 }
 

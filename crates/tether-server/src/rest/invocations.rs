@@ -6,10 +6,17 @@
 //! id answers after a restart. In memory the table is bounded: pending
 //! invocations by [`PENDING_MAX`] (new ones are refused beyond it), finished
 //! ones by [`FINISHED_MAX`] (older ones are answered from the store).
+//!
+//! A record is typed ([`Record`]) and written straight to canonical JSON for
+//! the store and for answers: its receipt stays the text the kernel wrote, so
+//! a finished invocation costs its strings and that text in memory (~1.5 KB),
+//! not a JSON tree (~12 KB each when it was one).
 
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use tether_kernel::CancelToken;
+use tether_kernel::{Answer, CancelToken};
+use tether_store::canonical::{object_text, CanonicalText, Member, MembersError};
+use tether_store::MAX_BODY_DEPTH;
 
 /// Invocations running at once; a new one beyond this is refused (503).
 pub(crate) const PENDING_MAX: usize = 4096;
@@ -19,10 +26,282 @@ pub(crate) const FINISHED_MAX: usize = 100_000;
 /// Terminal statuses are a receipt's; `pending` is the only other one.
 pub(crate) const PENDING: &str = "pending";
 
-/// One invocation.
+/// How deep a free-form member (a receipt, an error) of a record may nest:
+/// a record is an event body or sits one level inside an answer.
+const MEMBER_DEPTH: usize = MAX_BODY_DEPTH - 2;
+
+/// One invocation's record: what the gateway answers for it and keeps.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub invocation_id: String,
+    pub attempt_id: String,
+    pub tool_id: String,
+    pub device_id: Option<String>,
+    pub capability_id: String,
+    pub resource: Option<String>,
+    pub command_id: Option<String>,
+    pub input_digest: String,
+    pub principal_id: String,
+    pub principal_kind: String,
+    pub accepted_at_ms: u64,
+    /// `pending`, or the receipt's status (`rejected` for a protocol error,
+    /// `unknown` for an outcome never recorded).
+    pub status: String,
+    pub cancel_requested: bool,
+    pub stop_requested: bool,
+    pub receipt: Option<Answer>,
+    pub error: Option<Value>,
+    pub finished_at_ms: Option<u64>,
+}
+
+/// Which members a record is written with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// The `invocation.accepted` evidence entry: who asked for what, when.
+    Accepted,
+    /// The durable row: everything, the principal included.
+    Row,
+    /// The caller's view: everything but the principal, plus `terminal`,
+    /// `operation_id` and `receipt_id` (and `links` on the 202).
+    View { links: bool },
+}
+
+fn opt_str(s: Option<&str>) -> Member<'_> {
+    s.map_or(Member::Null, Member::Str)
+}
+
+impl Record {
+    pub fn pending(&self) -> bool {
+        self.status == PENDING
+    }
+
+    pub fn terminal(&self) -> bool {
+        !self.pending()
+    }
+
+    /// Records how the command ended (the outcome is moved in).
+    pub fn finish(&mut self, outcome: Outcome, finished_at_ms: u64) {
+        self.take_outcome(outcome);
+        self.finished_at_ms = Some(finished_at_ms);
+    }
+
+    fn take_outcome(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Receipt(r) => {
+                self.status = r.status().unwrap_or("unknown").to_owned();
+                self.error = r.member("error").filter(|e| !e.is_null());
+                self.receipt = Some(r);
+            }
+            Outcome::Error(e) => {
+                self.status = "rejected".to_owned();
+                self.receipt = None;
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// The record as canonical JSON in `form`.
+    ///
+    /// # Errors
+    /// A receipt or error nested deeper than the evidence allows.
+    pub fn write(&self, form: Form) -> Result<CanonicalText, MembersError> {
+        let view = matches!(form, Form::View { .. });
+        let principal = if view {
+            None
+        } else {
+            Some(object_text(
+                &mut [
+                    ("id", Member::Str(&self.principal_id)),
+                    ("kind", Member::Str(&self.principal_kind)),
+                ],
+                1,
+            )?)
+        };
+        let links = match form {
+            Form::View { links: true } => Some(self.links()?),
+            _ => None,
+        };
+        let receipt_id = self.receipt_member("receipt_id");
+        let operation_id = self.receipt_member("operation_id");
+        let mut members: Vec<(&str, Member<'_>)> = vec![
+            ("accepted_at_ms", Member::U64(self.accepted_at_ms)),
+            ("attempt_id", Member::Str(&self.attempt_id)),
+            ("capability_id", Member::Str(&self.capability_id)),
+            ("command_id", opt_str(self.command_id.as_deref())),
+            ("device_id", opt_str(self.device_id.as_deref())),
+            ("input_digest", Member::Str(&self.input_digest)),
+            ("invocation_id", Member::Str(&self.invocation_id)),
+            ("resource", opt_str(self.resource.as_deref())),
+            ("tool_id", Member::Str(&self.tool_id)),
+            ("cancel_requested", Member::Bool(self.cancel_requested)),
+            ("stop_requested", Member::Bool(self.stop_requested)),
+        ];
+        if let Some(p) = &principal {
+            members.push(("principal", Member::Canonical(p)));
+        }
+        if form != Form::Accepted {
+            members.push(("status", Member::Str(&self.status)));
+            members.push(("receipt", receipt_member(self.receipt.as_ref())));
+            members.push((
+                "error",
+                self.error.as_ref().map_or(Member::Null, Member::Value),
+            ));
+            members.push((
+                "finished_at_ms",
+                self.finished_at_ms.map_or(Member::Null, Member::U64),
+            ));
+        }
+        if view {
+            members.push(("terminal", Member::Bool(self.terminal())));
+            members.push(("receipt_id", opt_str(receipt_id.as_deref())));
+            members.push(("operation_id", opt_str(operation_id.as_deref())));
+        }
+        if let Some(l) = &links {
+            members.push(("links", Member::Canonical(l)));
+        }
+        object_text(&mut members, MEMBER_DEPTH)
+    }
+
+    fn links(&self) -> Result<CanonicalText, MembersError> {
+        let own = format!("/invocations/{}", self.invocation_id);
+        let result = format!("{own}/result");
+        let cancel = format!("{own}/cancel");
+        let stop = format!("{own}/stop");
+        object_text(
+            &mut [
+                ("self", Member::Str(&own)),
+                ("result", Member::Str(&result)),
+                ("cancel", Member::Str(&cancel)),
+                ("stop", Member::Str(&stop)),
+            ],
+            1,
+        )
+    }
+
+    /// What `GET /invocations/{id}/result` answers for a terminal record.
+    ///
+    /// # Errors
+    /// As [`Record::write`].
+    pub fn write_result(&self) -> Result<CanonicalText, MembersError> {
+        object_text(
+            &mut [
+                ("invocation_id", Member::Str(&self.invocation_id)),
+                ("attempt_id", Member::Str(&self.attempt_id)),
+                ("status", Member::Str(&self.status)),
+                ("terminal", Member::Bool(self.terminal())),
+                ("receipt", receipt_member(self.receipt.as_ref())),
+                (
+                    "error",
+                    self.error.as_ref().map_or(Member::Null, Member::Value),
+                ),
+            ],
+            MEMBER_DEPTH,
+        )
+    }
+
+    /// A string member of the receipt (its id, its operation's id).
+    fn receipt_member(&self, name: &str) -> Option<String> {
+        self.receipt
+            .as_ref()
+            .and_then(|r| r.string_member(name))
+            .map(std::borrow::Cow::into_owned)
+    }
+
+    /// The receipt's `receipt_id`, if it has one.
+    pub fn receipt_id(&self) -> Option<String> {
+        self.receipt_member("receipt_id")
+    }
+
+    /// A record read back from the store (written by [`Record::write`] in
+    /// [`Form::Row`]). A pending one is completed from the receipt stored
+    /// under its `command_id`, if any; without one it is `unknown`: accepted
+    /// durably, outcome never recorded (never reported as a stop).
+    ///
+    /// # Errors
+    /// The name of a member that is missing or of the wrong type.
+    pub fn recovered(info: &Value, stored_receipt: Option<Value>) -> Result<Self, String> {
+        let text = |name: &str| -> Result<String, String> {
+            info.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| name.to_owned())
+        };
+        let opt_text = |name: &str| -> Result<Option<String>, String> {
+            match info.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(name.to_owned()),
+            }
+        };
+        let ms = |name: &str| -> Result<Option<u64>, String> {
+            match info.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v.as_u64().map(Some).ok_or_else(|| name.to_owned()),
+            }
+        };
+        let flag = |name: &str| info.get(name).and_then(Value::as_bool).unwrap_or(false);
+        let principal = info.get("principal").unwrap_or(&Value::Null);
+        let principal_text = |name: &str| {
+            principal
+                .get(name)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("principal.{name}"))
+        };
+        let mut record = Record {
+            invocation_id: text("invocation_id")?,
+            attempt_id: text("attempt_id")?,
+            tool_id: text("tool_id")?,
+            device_id: opt_text("device_id")?,
+            capability_id: text("capability_id")?,
+            resource: opt_text("resource")?,
+            command_id: opt_text("command_id")?,
+            input_digest: text("input_digest")?,
+            principal_id: principal_text("id")?,
+            principal_kind: principal_text("kind")?,
+            accepted_at_ms: ms("accepted_at_ms")?.ok_or("accepted_at_ms")?,
+            status: text("status")?,
+            cancel_requested: flag("cancel_requested"),
+            stop_requested: flag("stop_requested"),
+            receipt: info
+                .get("receipt")
+                .filter(|r| !r.is_null())
+                .map(|r| Answer::Value(r.clone())),
+            error: info.get("error").filter(|e| !e.is_null()).cloned(),
+            finished_at_ms: ms("finished_at_ms")?,
+        };
+        if record.pending() {
+            match stored_receipt {
+                // Finished while the endpoint was down or before the
+                // restart: when is not known, so `finished_at_ms` stays null.
+                Some(r) => record.take_outcome(Outcome::Receipt(Answer::Value(r))),
+                None => {
+                    record.status = "unknown".to_owned();
+                    record.receipt = None;
+                    record.error = Some(json!({
+                        "mhs_code": "MHS.OUTCOME.UNKNOWN",
+                        "retryable": false,
+                        "message": "accepted durably, but no outcome was recorded (the endpoint stopped while it ran); read the device before acting again",
+                        "details": {"reason": "no_receipt_recorded", "stopped": false},
+                    }));
+                }
+            }
+        }
+        Ok(record)
+    }
+}
+
+fn receipt_member(r: Option<&Answer>) -> Member<'_> {
+    match r {
+        None => Member::Null,
+        Some(Answer::Value(v)) => Member::Value(v),
+        Some(Answer::Canonical(t)) => Member::Canonical(t),
+    }
+}
+
+/// One invocation in memory.
 pub(crate) struct Invocation {
-    /// The durable record (see [`Invocation::record`]).
-    pub info: Value,
+    pub record: Record,
     /// Delivers cancellation to the command (before or after dispatch).
     pub cancel: CancelToken,
     /// Whether a cancel may be delivered (stop-class commands: never).
@@ -30,12 +309,8 @@ pub(crate) struct Invocation {
 }
 
 impl Invocation {
-    pub fn status(&self) -> &str {
-        self.info["status"].as_str().unwrap_or(PENDING)
-    }
-
     pub fn pending(&self) -> bool {
-        self.status() == PENDING
+        self.record.pending()
     }
 }
 
@@ -49,12 +324,12 @@ pub(crate) struct Table {
 
 impl Table {
     /// Adds a pending invocation, unless [`PENDING_MAX`] are pending.
-    pub fn insert(&mut self, id: String, inv: Invocation) -> bool {
+    pub fn insert(&mut self, inv: Invocation) -> bool {
         if self.pending >= PENDING_MAX {
             return false;
         }
         self.pending += 1;
-        self.by_id.insert(id, inv);
+        self.by_id.insert(inv.record.invocation_id.clone(), inv);
         true
     }
 
@@ -68,7 +343,7 @@ impl Table {
 
     /// Marks an invocation finished with its outcome (moved into the
     /// record); evicts the oldest finished ones beyond [`FINISHED_MAX`].
-    /// Answers a copy of the finished record when `copy` asks for one (the
+    /// Answers the finished record's row form when `copy` asks for it (the
     /// caller must record it), `None` when it was not pending.
     pub fn finish(
         &mut self,
@@ -76,13 +351,18 @@ impl Table {
         outcome: Outcome,
         finished_at_ms: u64,
         copy: bool,
-    ) -> Option<Option<Value>> {
+    ) -> Option<Option<Finished>> {
         let inv = self.by_id.get_mut(id)?;
         if !inv.pending() {
             return None;
         }
-        outcome.apply(&mut inv.info, finished_at_ms);
-        let info = copy.then(|| inv.info.clone());
+        inv.record.finish(outcome, finished_at_ms);
+        let finished = copy.then(|| Finished {
+            command_id: inv.record.command_id.clone(),
+            status: inv.record.status.clone(),
+            receipt_id: inv.record.receipt_id(),
+            row: inv.record.write(Form::Row),
+        });
         self.pending = self.pending.saturating_sub(1);
         self.finished_order.push_back(id.to_owned());
         while self.finished_order.len() > FINISHED_MAX {
@@ -90,96 +370,73 @@ impl Table {
                 self.by_id.remove(&old);
             }
         }
-        Some(info)
+        Some(finished)
     }
+}
+
+/// What a finished record that must be recorded gives its recorder.
+pub(crate) struct Finished {
+    pub command_id: Option<String>,
+    pub status: String,
+    pub receipt_id: Option<String>,
+    pub row: Result<CanonicalText, MembersError>,
 }
 
 /// How a command ended, as the gateway records it.
 pub(crate) enum Outcome {
     /// The kernel answered a receipt (any status).
-    Receipt(Value),
+    Receipt(Answer),
     /// The kernel answered a protocol error before the order ran.
     Error(Value),
-}
-
-impl Outcome {
-    fn apply(self, info: &mut Value, finished_at_ms: u64) {
-        match self {
-            Outcome::Receipt(r) => {
-                info["status"] = r["status"].clone();
-                info["error"] = r["error"].clone();
-                info["receipt"] = r;
-            }
-            Outcome::Error(e) => {
-                info["status"] = json!("rejected");
-                info["receipt"] = Value::Null;
-                info["error"] = e;
-            }
-        }
-        info["finished_at_ms"] = json!(finished_at_ms);
-    }
-}
-
-/// The public view of an invocation record: the record plus derived fields.
-/// `unknown` with no receipt is terminal for accounting but never a stop.
-pub(crate) fn view(info: Value) -> Value {
-    let mut v = info;
-    let terminal = v["status"].as_str().unwrap_or(PENDING) != PENDING;
-    v["terminal"] = json!(terminal);
-    v["operation_id"] = v["receipt"]["operation_id"].clone();
-    v["receipt_id"] = v["receipt"]["receipt_id"].clone();
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("principal");
-    }
-    v
-}
-
-/// A record read back from the store after a restart. A pending one without
-/// a stored receipt is `unknown`: accepted durably, outcome never recorded.
-pub(crate) fn recovered(mut info: Value, receipt: Option<Value>) -> Value {
-    if info["status"].as_str().unwrap_or(PENDING) != PENDING {
-        return info;
-    }
-    match receipt {
-        Some(r) => {
-            info["status"] = r["status"].clone();
-            info["error"] = r["error"].clone();
-            info["receipt"] = r;
-        }
-        None => {
-            info["status"] = json!("unknown");
-            info["receipt"] = Value::Null;
-            info["error"] = json!({
-                "mhs_code": "MHS.OUTCOME.UNKNOWN",
-                "retryable": false,
-                "message": "accepted durably, but no outcome was recorded (the endpoint stopped while it ran); read the device before acting again",
-                "details": {"reason": "no_receipt_recorded", "stopped": false},
-            });
-        }
-    }
-    info
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn record(id: &str) -> Record {
+        Record {
+            invocation_id: id.to_owned(),
+            attempt_id: "att_1".into(),
+            tool_id: "thermostat-1__setpoint".into(),
+            device_id: Some("thermostat-1".into()),
+            capability_id: "cap.thermal.setpoint.v1".into(),
+            resource: Some("main".into()),
+            command_id: Some("cmd_1".into()),
+            input_digest: "sha256:00".into(),
+            principal_id: "agent-1".into(),
+            principal_kind: "agent".into(),
+            accepted_at_ms: 1_700_000_000_000,
+            status: PENDING.into(),
+            cancel_requested: false,
+            stop_requested: false,
+            receipt: None,
+            error: None,
+            finished_at_ms: None,
+        }
+    }
+
     fn pending(id: &str) -> Invocation {
         Invocation {
-            info: json!({"invocation_id": id, "status": PENDING}),
+            record: record(id),
             cancel: CancelToken::new(),
             cancellable: true,
         }
+    }
+
+    fn parsed(t: Result<CanonicalText, MembersError>) -> Value {
+        serde_json::from_str(t.expect("written").as_str()).expect("json")
     }
 
     #[test]
     fn pending_invocations_are_bounded_and_finishing_frees_a_slot() {
         let mut t = Table::default();
         for i in 0..PENDING_MAX {
-            assert!(t.insert(format!("inv_{i}"), pending("x")));
+            assert!(t.insert(pending(&format!("inv_{i}"))));
         }
-        assert!(!t.insert("one_more".into(), pending("x")));
-        let done = || Outcome::Receipt(json!({"status": "completed", "error": null}));
+        assert!(!t.insert(pending("one_more")));
+        let done =
+            || Outcome::Receipt(Answer::Value(json!({"status": "completed", "error": null})));
         assert!(t
             .finish("inv_0", done(), 1, true)
             .is_some_and(|c| c.is_some()));
@@ -187,18 +444,71 @@ mod tests {
             t.finish("inv_0", done(), 2, true).is_none(),
             "finishes once"
         );
-        assert!(t.insert("one_more".into(), pending("x")));
+        assert!(t.insert(pending("one_more")));
     }
 
     #[test]
     fn a_pending_record_without_a_receipt_recovers_as_unknown_never_as_stopped() {
-        let info = recovered(json!({"status": PENDING}), None);
-        assert_eq!(info["status"], "unknown");
-        assert_eq!(info["error"]["details"]["stopped"], false);
-        let info = recovered(
-            json!({"status": PENDING}),
-            Some(json!({"status": "completed", "error": null})),
+        let row = parsed(record("inv_1").write(Form::Row));
+        let r = Record::recovered(&row, None).expect("readable");
+        assert_eq!(r.status, "unknown");
+        assert_eq!(
+            r.error.as_ref().map(|e| &e["details"]["stopped"]),
+            Some(&json!(false))
         );
-        assert_eq!(info["status"], "completed");
+        let r = Record::recovered(&row, Some(json!({"status": "completed", "error": null})))
+            .expect("readable");
+        assert_eq!(r.status, "completed");
+        assert!(r.error.is_none());
+    }
+
+    #[test]
+    fn a_row_reads_back_as_the_record_it_was_written_from() {
+        let mut r = record("inv_2");
+        r.cancel_requested = true;
+        let receipt = CanonicalText::of_value(
+            &json!({"status": "failed", "receipt_id": "rcp_1", "operation_id": "op_1",
+                    "error": {"mhs_code": "MHS.ADAPTER.DRIVER_FAILED", "details": {"x": 1}}}),
+            8,
+        )
+        .expect("shallow");
+        r.finish(
+            Outcome::Receipt(Answer::Canonical(receipt)),
+            1_700_000_000_123,
+        );
+        assert_eq!(r.status, "failed");
+        assert_eq!(
+            r.error.as_ref().map(|e| &e["details"]["x"]),
+            Some(&json!(1))
+        );
+        let row = parsed(r.write(Form::Row));
+        assert_eq!(row["principal"], json!({"id": "agent-1", "kind": "agent"}));
+        let back = Record::recovered(&row, None).expect("readable");
+        assert_eq!(parsed(back.write(Form::Row)), row);
+        let view = parsed(back.write(Form::View { links: true }));
+        assert!(
+            view.get("principal").is_none(),
+            "the view never shows the principal"
+        );
+        assert_eq!(view["terminal"], true);
+        assert_eq!(view["receipt_id"], "rcp_1");
+        assert_eq!(view["operation_id"], "op_1");
+        assert_eq!(view["links"]["result"], "/invocations/inv_2/result");
+        let accepted = parsed(record("inv_2").write(Form::Accepted));
+        for absent in ["status", "receipt", "error", "finished_at_ms"] {
+            assert!(accepted.get(absent).is_none(), "{absent}");
+        }
+    }
+
+    #[test]
+    fn a_row_missing_a_member_is_not_read_as_a_record() {
+        let mut row = parsed(record("inv_3").write(Form::Row));
+        if let Some(o) = row.as_object_mut() {
+            o.remove("attempt_id");
+        }
+        assert_eq!(
+            Record::recovered(&row, None).err().as_deref(),
+            Some("attempt_id")
+        );
     }
 }

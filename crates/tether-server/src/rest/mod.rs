@@ -28,10 +28,10 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use envelope::{from_body, no_body, ok, read_json, RestError};
-use gateway::{ControlBody, Gateway, InvokeBody};
-use invocations::view;
-use serde_json::{json, Value};
+use envelope::{from_body, no_body, ok, read_json, Data, RestError};
+use gateway::{unwritable, ControlBody, Gateway, InvokeBody};
+use invocations::Form;
+use serde_json::json;
 use std::sync::Arc;
 use tether_core::Code;
 use tether_kernel::{Kernel, Principal};
@@ -45,7 +45,7 @@ struct RestState {
     auth: Arc<Authenticator>,
 }
 
-type Answer = Result<(StatusCode, Value), RestError>;
+type Answer = Result<(StatusCode, Data), RestError>;
 
 /// The gateway's routes, to be merged into the HTTP router.
 pub fn router(kernel: Kernel, auth: Arc<Authenticator>) -> Router {
@@ -86,7 +86,7 @@ async fn list_tools(State(s): State<RestState>, headers: HeaderMap, body: Body) 
         async {
             principal(&s, &headers)?;
             no_body(body).await?;
-            Ok((StatusCode::OK, s.gw.tools_json()))
+            Ok((StatusCode::OK, s.gw.tools_json().into()))
         }
         .await,
     )
@@ -133,7 +133,7 @@ async fn get_tool(
     respond(
         async {
             let (_, tool) = bodiless(&s, &headers, path, body).await?;
-            Ok((StatusCode::OK, s.gw.tool(&tool)?.to_json()))
+            Ok((StatusCode::OK, s.gw.tool(&tool)?.to_json().into()))
         }
         .await,
     )
@@ -149,7 +149,7 @@ async fn context(
         async {
             let (p, tool) = bodiless(&s, &headers, path, body).await?;
             let tool = s.gw.tool(&tool)?;
-            Ok((StatusCode::OK, s.gw.context(&p, tool).await?))
+            Ok((StatusCode::OK, s.gw.context(&p, tool).await?.into()))
         }
         .await,
     )
@@ -245,7 +245,8 @@ async fn get_invocation(
     respond(
         async {
             let (p, id) = bodiless(&s, &headers, path, body).await?;
-            Ok((StatusCode::OK, view(s.gw.lookup(&p, &id)?)))
+            let view = s.gw.lookup(&p, &id)?.write(Form::View { links: false });
+            Ok((StatusCode::OK, Data::Text(view.map_err(unwritable)?)))
         }
         .await,
     )
@@ -260,12 +261,15 @@ async fn result(
     respond(
         async {
             let (p, id) = bodiless(&s, &headers, path, body).await?;
-            let v = view(s.gw.lookup(&p, &id)?);
-            if v["terminal"] == json!(true) {
-                let out = json!({"invocation_id": v["invocation_id"], "attempt_id": v["attempt_id"], "status": v["status"], "terminal": true, "receipt": v["receipt"], "error": v["error"]});
-                Ok((StatusCode::OK, out))
+            let record = s.gw.lookup(&p, &id)?;
+            if record.terminal() {
+                let out = record.write_result().map_err(unwritable)?;
+                Ok((StatusCode::OK, Data::Text(out)))
             } else {
-                Ok((StatusCode::ACCEPTED, v))
+                let view = record
+                    .write(Form::View { links: false })
+                    .map_err(unwritable)?;
+                Ok((StatusCode::ACCEPTED, Data::Text(view)))
             }
         }
         .await,
