@@ -27,8 +27,10 @@ pub(crate) const FINISHED_MAX: usize = 100_000;
 pub(crate) const PENDING: &str = "pending";
 
 /// How deep a free-form member (a receipt, an error) of a record may nest:
-/// a record is an event body or sits one level inside an answer.
-const MEMBER_DEPTH: usize = MAX_BODY_DEPTH - 2;
+/// the record itself is a stored row bounded like an event body, one level
+/// above its members (a receipt the kernel recorded always fits: it sat one
+/// level inside its own entry).
+const MEMBER_DEPTH: usize = MAX_BODY_DEPTH - 1;
 
 /// One invocation's record: what the gateway answers for it and keeps.
 #[derive(Debug, Clone)]
@@ -121,8 +123,15 @@ impl Record {
             Form::View { links: true } => Some(self.links()?),
             _ => None,
         };
-        let receipt_id = self.receipt_member("receipt_id");
-        let operation_id = self.receipt_member("operation_id");
+        // Only the view shows these (read out of the receipt's text).
+        let (receipt_id, operation_id) = if view {
+            (
+                self.receipt_member("receipt_id"),
+                self.receipt_member("operation_id"),
+            )
+        } else {
+            (None, None)
+        };
         let mut members: Vec<(&str, Member<'_>)> = vec![
             ("accepted_at_ms", Member::U64(self.accepted_at_ms)),
             ("attempt_id", Member::Str(&self.attempt_id)),
@@ -498,6 +507,48 @@ mod tests {
         for absent in ["status", "receipt", "error", "finished_at_ms"] {
             assert!(accepted.get(absent).is_none(), "{absent}");
         }
+    }
+
+    #[test]
+    fn a_receipt_as_deep_as_an_entry_allows_is_written_and_a_deeper_one_refused() {
+        let nested = |depth: usize| {
+            let mut v = json!(1);
+            for _ in 1..depth {
+                v = json!([v]);
+            }
+            json!({"status": "rejected", "output": v})
+        };
+        let mut r = record("inv_4");
+        // A receipt of depth MAX_BODY_DEPTH - 1 sat one level inside its entry.
+        r.finish(
+            Outcome::Receipt(Answer::Value(nested(MAX_BODY_DEPTH - 1))),
+            1,
+        );
+        let row = r.write(Form::Row).expect("fits");
+        // The store takes it (a debug build re-checks its depth and form).
+        let store = tether_store::MemoryStore::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        tether_store::Store::submit(
+            &store,
+            tether_store::Commit {
+                invocations: vec![tether_store::InvocationRow {
+                    invocation_id: "inv_4".into(),
+                    info: tether_store::EventBody::Canonical(tether_store::CanonicalBody::new(
+                        row, None,
+                    )),
+                }],
+                ..tether_store::Commit::default()
+            },
+            Box::new(move |r| {
+                let _ = tx.send(r.is_ok());
+            }),
+        );
+        assert_eq!(rx.recv().ok(), Some(true), "stored");
+        let back = tether_store::Store::invocation(&store, "inv_4").expect("read");
+        assert!(back.is_some_and(|row| row.info.to_value()["status"] == "rejected"));
+        let mut deeper = record("inv_5");
+        deeper.finish(Outcome::Receipt(Answer::Value(nested(MAX_BODY_DEPTH))), 1);
+        assert_eq!(deeper.write(Form::Row).err(), Some(MembersError::TooDeep));
     }
 
     #[test]
