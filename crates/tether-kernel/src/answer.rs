@@ -21,7 +21,9 @@ use tether_store::MAX_BODY_DEPTH;
 pub enum Answer {
     /// A JSON document.
     Value(Value),
-    /// The canonical text of a JSON object (a receipt).
+    /// The canonical text of a JSON object: a dispatched command's receipt,
+    /// given only once it is durable (one that could not be made durable is
+    /// answered as a `Value` marked `x-tether`).
     Canonical(CanonicalText),
 }
 
@@ -87,6 +89,15 @@ impl Answer {
         }
     }
 
+    /// Whether the kernel marks this receipt as not durable (`x-tether`).
+    pub fn not_durable(&self) -> bool {
+        match self {
+            Answer::Value(v) => v.get("x-tether").is_some(),
+            // Only a durable receipt is answered as canonical text.
+            Answer::Canonical(_) => false,
+        }
+    }
+
     /// Whether the document has a top-level member `name`.
     pub fn has_member(&self, name: &str) -> bool {
         match self {
@@ -145,11 +156,15 @@ fn top_level_raw<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 /// Index just past the string literal that starts at `start` (a `"`).
 fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
     let mut i = start + 1;
-    while i < bytes.len() {
+    // Jump between quotes and backslashes: strings are most of a receipt.
+    while let Some(at) = bytes
+        .get(i..)
+        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+    {
+        i += at;
         match bytes[i] {
             b'"' => return Some(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
+            _ => i += 2,
         }
     }
     None
@@ -499,6 +514,12 @@ mod tests {
         assert_eq!(
             Answer::Value(json!({"status": "failed"})).status(),
             Some("failed")
+        );
+        assert!(Answer::Value(json!({"status": "completed", "x-tether": {}})).not_durable());
+        assert!(!Answer::Value(json!({"status": "completed"})).not_durable());
+        assert!(
+            !a.not_durable(),
+            "canonical text is only ever a durable receipt"
         );
     }
 }

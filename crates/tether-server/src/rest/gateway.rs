@@ -525,13 +525,15 @@ impl Gateway {
                 .await
         };
         let outcome = match answer {
-            Ok(receipt) => Outcome::Receipt(receipt),
+            Ok(receipt) => Outcome::receipt(receipt),
             Err(e) => Outcome::Error(api_error_json(&e)),
         };
         let rejected = match &outcome {
-            Outcome::Receipt(r) if r.status() == Some("rejected") => Some(r.clone().into_value()),
+            Outcome::Receipt { receipt, .. } if outcome.rejected() => {
+                Some(receipt.clone().into_value())
+            }
             Outcome::Error(e) => Some(json!({"status": "rejected", "error": e})),
-            Outcome::Receipt(_) => None,
+            Outcome::Receipt { .. } => None,
         };
         self.finish(&inv_id, outcome);
         rejected
@@ -543,8 +545,10 @@ impl Gateway {
         // accepted record: nothing more to write. A refusal is evidence but
         // never the stored outcome of its id, so the invocation keeps it, as
         // does one whose receipt could not be made durable (`x-tether`).
-        let stored_by_kernel = matches!(&outcome, Outcome::Receipt(r)
-            if r.status() != Some("rejected") && !r.has_member("x-tether"));
+        let stored_by_kernel = match &outcome {
+            Outcome::Receipt { receipt, .. } => !outcome.rejected() && !receipt.not_durable(),
+            Outcome::Error(_) => false,
+        };
         let finished = self
             .table
             .lock()

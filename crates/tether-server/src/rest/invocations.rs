@@ -89,10 +89,10 @@ impl Record {
 
     fn take_outcome(&mut self, outcome: Outcome) {
         match outcome {
-            Outcome::Receipt(r) => {
-                self.status = r.status().unwrap_or("unknown").to_owned();
-                self.error = r.member("error").filter(|e| !e.is_null());
-                self.receipt = Some(r);
+            Outcome::Receipt { receipt, status } => {
+                self.status = status;
+                self.error = receipt.member("error").filter(|e| !e.is_null());
+                self.receipt = Some(receipt);
             }
             Outcome::Error(e) => {
                 self.status = "rejected".to_owned();
@@ -283,7 +283,7 @@ impl Record {
             match stored_receipt {
                 // Finished while the endpoint was down or before the
                 // restart: when is not known, so `finished_at_ms` stays null.
-                Some(r) => record.take_outcome(Outcome::Receipt(Answer::Value(r))),
+                Some(r) => record.take_outcome(Outcome::receipt(Answer::Value(r))),
                 None => {
                     record.status = "unknown".to_owned();
                     record.receipt = None;
@@ -393,10 +393,26 @@ pub(crate) struct Finished {
 
 /// How a command ended, as the gateway records it.
 pub(crate) enum Outcome {
-    /// The kernel answered a receipt (any status).
-    Receipt(Answer),
+    /// The kernel answered a receipt (any status, read out of it once).
+    Receipt { receipt: Answer, status: String },
     /// The kernel answered a protocol error before the order ran.
     Error(Value),
+}
+
+impl Outcome {
+    /// A receipt outcome; a receipt without a string status reads `unknown`.
+    pub fn receipt(receipt: Answer) -> Self {
+        let status = receipt.status().unwrap_or("unknown").to_owned();
+        Outcome::Receipt { receipt, status }
+    }
+
+    /// Whether the kernel refused the command (nothing was dispatched).
+    pub fn rejected(&self) -> bool {
+        match self {
+            Outcome::Receipt { status, .. } => status == "rejected",
+            Outcome::Error(_) => true,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -445,7 +461,7 @@ mod tests {
         }
         assert!(!t.insert(pending("one_more")));
         let done =
-            || Outcome::Receipt(Answer::Value(json!({"status": "completed", "error": null})));
+            || Outcome::receipt(Answer::Value(json!({"status": "completed", "error": null})));
         assert!(t
             .finish("inv_0", done(), 1, true)
             .is_some_and(|c| c.is_some()));
@@ -482,7 +498,7 @@ mod tests {
         )
         .expect("shallow");
         r.finish(
-            Outcome::Receipt(Answer::Canonical(receipt)),
+            Outcome::receipt(Answer::Canonical(receipt)),
             1_700_000_000_123,
         );
         assert_eq!(r.status, "failed");
@@ -521,7 +537,7 @@ mod tests {
         let mut r = record("inv_4");
         // A receipt of depth MAX_BODY_DEPTH - 1 sat one level inside its entry.
         r.finish(
-            Outcome::Receipt(Answer::Value(nested(MAX_BODY_DEPTH - 1))),
+            Outcome::receipt(Answer::Value(nested(MAX_BODY_DEPTH - 1))),
             1,
         );
         let row = r.write(Form::Row).expect("fits");
@@ -547,7 +563,7 @@ mod tests {
         let back = tether_store::Store::invocation(&store, "inv_4").expect("read");
         assert!(back.is_some_and(|row| row.info.to_value()["status"] == "rejected"));
         let mut deeper = record("inv_5");
-        deeper.finish(Outcome::Receipt(Answer::Value(nested(MAX_BODY_DEPTH))), 1);
+        deeper.finish(Outcome::receipt(Answer::Value(nested(MAX_BODY_DEPTH))), 1);
         assert_eq!(deeper.write(Form::Row).err(), Some(MembersError::TooDeep));
     }
 
