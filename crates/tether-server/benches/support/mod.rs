@@ -160,8 +160,17 @@ pub const FULL_CHECK_EVERY: u64 = 64;
 mod cpu;
 pub use cpu::process_cpu_seconds;
 
+/// Peak resident memory of this process so far, MiB (Linux: `VmHWM` of
+/// /proc/self/status; `None` elsewhere).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 /// Prints the CPU figure for `commands` done in `elapsed` seconds, the
-/// process's CPU time going from `cpu0` to `cpu1`.
+/// process's CPU time going from `cpu0` to `cpu1`, and the peak memory.
 pub fn print_cpu(
     name: &str,
     (cpu0, cpu1): (Option<f64>, Option<f64>),
@@ -175,5 +184,9 @@ pub fn print_cpu(
             cpu * 1e6 / commands.max(1) as f64,
             cpu / elapsed
         );
+    }
+    if let Some(mib) = peak_rss_mib() {
+        let load = name.trim_end_matches("_cpu");
+        println!("FIGURE {load}_memory peak_rss_mib={mib:.0} after {commands} commands (clients and server together)");
     }
 }
