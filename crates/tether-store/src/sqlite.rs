@@ -146,8 +146,12 @@ pub struct SqliteStore {
 
 /// The writer's automatic checkpoint threshold, pages: a backstop only.
 const WRITER_AUTOCHECKPOINT_PAGES: i64 = 65_536;
-/// How often the checkpointer copies the WAL back into the database.
-const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often the checkpointer copies the WAL back into the database. Short,
+/// so each pass (and its database sync) is small and the writer's backstop
+/// checkpoint, when the WAL reaches its size, finds little left to copy: at
+/// 250 ms the e-stop's latch commit under REST load waited ~100 ms behind
+/// that backstop, at 40 ms 16-75 ms (docs/PERFORMANCE.md, sixth pass).
+const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(40);
 
 /// A thread with its own connection that runs passive checkpoints, which
 /// never block the writer.
