@@ -73,6 +73,36 @@ fn bounded_json(v: &Value, what: &str) -> Result<String, StoreError> {
     Ok(s)
 }
 
+/// Whether a body (an event's, or an invocation's info) is a JSON object.
+fn is_object(body: &EventBody) -> bool {
+    match body {
+        EventBody::Value(v) => v.is_object(),
+        EventBody::Canonical(c) => c.text().starts_with('{'),
+    }
+}
+
+/// A body's JSON text and its length: a value written canonically (depth-
+/// and size-bounded, as `what`), canonical text checked (debug builds) and
+/// copied — or, without `copy`, left empty for `prepare_owned` to move in.
+fn body_json(body: &EventBody, what: &str, copy: bool) -> Result<(String, usize), StoreError> {
+    match body {
+        EventBody::Value(v) => {
+            let text = bounded_json(v, what)?;
+            let len = text.len();
+            Ok((text, len))
+        }
+        EventBody::Canonical(c) => {
+            debug_check_canonical(c);
+            let text = if copy {
+                c.text().to_owned()
+            } else {
+                String::new()
+            };
+            Ok((text, c.text().len()))
+        }
+    }
+}
+
 /// A debug build checks what a release build trusts: that a canonical body
 /// (an event's, or an invocation's info) is an object, is the canonical text
 /// of what it parses to, fits the depth bound, and holds the receipt it names.
@@ -215,33 +245,13 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         if e.kind.is_empty() {
             return Err(invalid("event kind is empty"));
         }
-        let is_object = match &e.body {
-            EventBody::Value(body) => body.is_object(),
-            EventBody::Canonical(body) => body.text().starts_with('{'),
-        };
-        if !is_object {
+        if !is_object(&e.body) {
             return Err(invalid(format!(
                 "body of event {:?} is not a JSON object",
                 e.kind
             )));
         }
-        // A canonical body is moved in by `prepare_owned` unless copied here.
-        let (body_json, body_len) = match &e.body {
-            EventBody::Value(body) => {
-                let text = bounded_json(body, "event body")?;
-                let len = text.len();
-                (text, len)
-            }
-            EventBody::Canonical(body) => {
-                debug_check_canonical(body);
-                let text = if copy {
-                    body.text().to_owned()
-                } else {
-                    String::new()
-                };
-                (text, body.text().len())
-            }
-        };
+        let (body_json, body_len) = body_json(&e.body, "event body", copy)?;
         let kind_json = kind_json(&e.kind);
         if body_len + kind_json.len() + ENTRY_OVERHEAD > MAX_ENTRY_BYTES {
             return Err(invalid(format!(
@@ -329,24 +339,15 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         if row.invocation_id.is_empty() {
             return Err(invalid("invocation_id is empty"));
         }
-        let info_json = match &row.info {
-            EventBody::Value(info) if info.is_object() => bounded_json(info, "invocation info")?,
-            EventBody::Canonical(info) if info.text().starts_with('{') => {
-                debug_check_canonical(info);
-                if info.text().len() > MAX_ENTRY_BYTES {
-                    return Err(invalid(format!(
-                        "invocation info is larger than {MAX_ENTRY_BYTES} bytes"
-                    )));
-                }
-                // Moved in by `prepare_owned` unless copied here.
-                if copy {
-                    info.text().to_owned()
-                } else {
-                    String::new()
-                }
-            }
-            _ => return Err(invalid("invocation info is not a JSON object")),
-        };
+        if !is_object(&row.info) {
+            return Err(invalid("invocation info is not a JSON object"));
+        }
+        let (info_json, info_len) = body_json(&row.info, "invocation info", copy)?;
+        if info_len > MAX_ENTRY_BYTES {
+            return Err(invalid(format!(
+                "invocation info is larger than {MAX_ENTRY_BYTES} bytes"
+            )));
+        }
         invocations.push((row.invocation_id.clone(), info_json));
     }
     Ok(Prepared {

@@ -12,7 +12,7 @@ use tether_core::Code;
 use tether_kernel::ApiError;
 
 use crate::{bytes_response, json_response};
-use tether_store::canonical::CanonicalText;
+use tether_store::canonical::{CanonicalText, MembersError};
 
 /// An error answered with the REST envelope.
 #[derive(Debug)]
@@ -44,6 +44,18 @@ impl RestError {
             Code::ProtocolInvalidParams,
             message,
             json!({"reason": reason}),
+        )
+    }
+}
+
+/// A record that cannot be written: a receipt or error nested past the
+/// evidence bound (the kernel bounds both, so this is a defect).
+impl From<MembersError> for RestError {
+    fn from(e: MembersError) -> Self {
+        Self::new(
+            Code::ProtocolInternal,
+            "the invocation record cannot be written",
+            json!({"reason": "record_unwritable", "defect": format!("{e:?}")}),
         )
     }
 }

@@ -21,7 +21,7 @@ use tether_kernel::{
     ApiError, CancelToken, CommandRequest, EstopRequest, Kernel, Principal, ReadRequest,
     SessionOpen,
 };
-use tether_store::canonical::{self, CanonicalText, Member, MembersError};
+use tether_store::canonical::{self, CanonicalText};
 use tether_store::{CanonicalBody, Commit, EventBody, EventDraft, InvocationRow};
 
 /// Longest deadline an invocation may ask for, ms (as on JSON-RPC).
@@ -88,16 +88,6 @@ fn internal(what: &str) -> RestError {
         Code::ProtocolInternal,
         format!("{what} unavailable"),
         json!({"reason": "lock_poisoned"}),
-    )
-}
-
-/// A record that cannot be written: a receipt or error nested past the
-/// evidence bound (the kernel bounds both, so this is a defect).
-pub(crate) fn unwritable(e: MembersError) -> RestError {
-    RestError::new(
-        Code::ProtocolInternal,
-        "the invocation record cannot be written",
-        json!({"reason": "record_unwritable", "defect": format!("{e:?}")}),
     )
 }
 
@@ -406,9 +396,7 @@ impl Gateway {
         let inv_id = record.invocation_id.clone();
         // The 202's body: the record as accepted (pending), whatever the
         // command has done by the time it is sent.
-        let view = record
-            .write(Form::View { links: true })
-            .map_err(unwritable)?;
+        let view = record.write(Form::View { links: true })?;
         let cancel = CancelToken::new();
         self.accept(record, cancel.clone(), cancellable).await?;
         let kind = tool.kind;
@@ -440,8 +428,8 @@ impl Gateway {
         cancel: CancelToken,
         cancellable: bool,
     ) -> Result<(), RestError> {
-        let event = record.write(Form::Accepted).map_err(unwritable)?;
-        let row = record.write(Form::Row).map_err(unwritable)?;
+        let event = record.write(Form::Accepted)?;
+        let row = record.write(Form::Row)?;
         let inv_id = record.invocation_id.clone();
         let inserted = self
             .table
@@ -557,27 +545,7 @@ impl Gateway {
         let Some(Some(finished)) = finished else {
             return;
         };
-        let Finished {
-            command_id,
-            status,
-            receipt_id,
-            row,
-        } = finished;
-        let event = canonical::object_text(
-            &mut [
-                ("invocation_id", Member::Str(inv_id)),
-                (
-                    "command_id",
-                    command_id.as_deref().map_or(Member::Null, Member::Str),
-                ),
-                ("status", Member::Str(&status)),
-                (
-                    "receipt_id",
-                    receipt_id.as_deref().map_or(Member::Null, Member::Str),
-                ),
-            ],
-            1,
-        );
+        let Finished { event, row } = finished;
         let (Ok(event), Ok(row)) = (event, row) else {
             tracing::error!(invocation_id = %inv_id, "an invocation's finish record cannot be written");
             return;

@@ -208,17 +208,30 @@ impl Record {
         )
     }
 
+    /// The `invocation.finished` evidence entry: how it ended, pointing at
+    /// the receipt (the row holds the rest).
+    ///
+    /// # Errors
+    /// As [`Record::write`] (never, in practice: these members are flat).
+    pub fn write_finished(&self) -> Result<CanonicalText, MembersError> {
+        let receipt_id = self.receipt_member("receipt_id");
+        object_text(
+            &mut [
+                ("invocation_id", Member::Str(&self.invocation_id)),
+                ("command_id", opt_str(self.command_id.as_deref())),
+                ("status", Member::Str(&self.status)),
+                ("receipt_id", opt_str(receipt_id.as_deref())),
+            ],
+            1,
+        )
+    }
+
     /// A string member of the receipt (its id, its operation's id).
     fn receipt_member(&self, name: &str) -> Option<String> {
         self.receipt
             .as_ref()
             .and_then(|r| r.string_member(name))
             .map(std::borrow::Cow::into_owned)
-    }
-
-    /// The receipt's `receipt_id`, if it has one.
-    pub fn receipt_id(&self) -> Option<String> {
-        self.receipt_member("receipt_id")
     }
 
     /// A record read back from the store (written by [`Record::write`] in
@@ -367,9 +380,7 @@ impl Table {
         }
         inv.record.finish(outcome, finished_at_ms);
         let finished = copy.then(|| Finished {
-            command_id: inv.record.command_id.clone(),
-            status: inv.record.status.clone(),
-            receipt_id: inv.record.receipt_id(),
+            event: inv.record.write_finished(),
             row: inv.record.write(Form::Row),
         });
         self.pending = self.pending.saturating_sub(1);
@@ -383,11 +394,10 @@ impl Table {
     }
 }
 
-/// What a finished record that must be recorded gives its recorder.
+/// What a finished record that must be recorded gives its recorder: the
+/// `invocation.finished` entry and the row.
 pub(crate) struct Finished {
-    pub command_id: Option<String>,
-    pub status: String,
-    pub receipt_id: Option<String>,
+    pub event: Result<CanonicalText, MembersError>,
     pub row: Result<CanonicalText, MembersError>,
 }
 

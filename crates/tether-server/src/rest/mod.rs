@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use envelope::{from_body, no_body, ok, read_json, Data, RestError};
-use gateway::{unwritable, ControlBody, Gateway, InvokeBody};
+use gateway::{ControlBody, Gateway, InvokeBody};
 use invocations::Form;
 use serde_json::json;
 use std::sync::Arc;
@@ -245,8 +245,8 @@ async fn get_invocation(
     respond(
         async {
             let (p, id) = bodiless(&s, &headers, path, body).await?;
-            let view = s.gw.lookup(&p, &id)?.write(Form::View { links: false });
-            Ok((StatusCode::OK, Data::Text(view.map_err(unwritable)?)))
+            let view = s.gw.lookup(&p, &id)?.write(Form::View { links: false })?;
+            Ok((StatusCode::OK, Data::Text(view)))
         }
         .await,
     )
@@ -263,12 +263,10 @@ async fn result(
             let (p, id) = bodiless(&s, &headers, path, body).await?;
             let record = s.gw.lookup(&p, &id)?;
             if record.terminal() {
-                let out = record.write_result().map_err(unwritable)?;
+                let out = record.write_result()?;
                 Ok((StatusCode::OK, Data::Text(out)))
             } else {
-                let view = record
-                    .write(Form::View { links: false })
-                    .map_err(unwritable)?;
+                let view = record.write(Form::View { links: false })?;
                 Ok((StatusCode::ACCEPTED, Data::Text(view)))
             }
         }
