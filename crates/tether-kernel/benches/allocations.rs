@@ -135,7 +135,7 @@ fn count(name: &str, store: Arc<dyn Store>, commands: u64, sample_every: u64) {
                 let req = common::setpoint(&session, 20.0 + (i % 60) as f64);
                 // The surfaces' path: the receipt as canonical text.
                 let r = k
-                    .command_answer(&p, req, CancelToken::new(), None)
+                    .command_answer(&p, req, CancelToken::new(), tether_kernel::Hooks::default())
                     .await
                     .expect("command");
                 assert_eq!(r.status(), Some("completed"), "{r:?}");

@@ -134,7 +134,14 @@ fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
                 for i in 0..per_caller {
                     let req = common::setpoint(&session, 20.0 + ((c + i) % 60) as f64);
                     // The surfaces' path: the receipt as canonical text.
-                    let answer = k.command_answer(&p, req, CancelToken::new(), None).await;
+                    let answer = k
+                        .command_answer(
+                            &p,
+                            req,
+                            CancelToken::new(),
+                            tether_kernel::Hooks::default(),
+                        )
+                        .await;
                     if answer.is_ok_and(|a| a.status() == Some("completed")) {
                         ok += 1;
                     }

@@ -13,8 +13,9 @@ use crate::idempotency::Begin;
 use crate::kernel::{DeviceRt, Kernel, Principal, RunningOp};
 use crate::loader::BindingSpec;
 use crate::policy::PolicyStep;
+use crate::rider::Rider;
 use crate::session::{Session, SessionFault};
-use crate::{ApiError, CommandRequest, GrantRequest, ReadRequest, SessionOpen};
+use crate::{ApiError, CommandRequest, GrantRequest, Hooks, ReadRequest, SessionOpen};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -25,7 +26,8 @@ use tether_core::receipt::now_ms;
 use tether_core::{Code, Receipt, Refusal, Status};
 use tether_store::canonical::CanonicalText;
 use tether_store::{
-    canonical, BudgetRow, CanonicalBody, Commit, EventBody, EventDraft, ReceiptRef, RevisionRow,
+    canonical, BudgetRow, CanonicalBody, Commit, CommitAck, EventBody, EventDraft, ReceiptRef,
+    RevisionRow, StoreError,
 };
 
 /// Most validation errors reported for one input.
@@ -61,6 +63,8 @@ pub(crate) struct Ctx {
     pub approval: std::sync::OnceLock<String>,
     /// An approval this command created, to be made durable before the hold is answered.
     pub new_approval: std::sync::OnceLock<String>,
+    /// The surface's record for the command's first commit, until taken.
+    pub rider: Option<Rider>,
 }
 
 enum Resolve {
@@ -467,7 +471,7 @@ impl Kernel {
         req: CommandRequest,
         cancel: CancelToken,
     ) -> Result<Value, ApiError> {
-        self.write_answer(p, req, cancel, None)
+        self.write_answer(p, req, cancel, Hooks::default())
             .await
             .map(Answer::into_value)
     }
@@ -482,7 +486,7 @@ impl Kernel {
         p: &Principal,
         mut req: CommandRequest,
         cancel: CancelToken,
-        on_admit: Option<tokio::sync::oneshot::Sender<()>>,
+        hooks: Hooks,
     ) -> Result<Answer, ApiError> {
         let dev = self.device(&req.device_id)?;
         let resource = req
@@ -516,7 +520,7 @@ impl Kernel {
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
-        self.command_answer(p, req, cancel, on_admit).await
+        self.command_answer(p, req, cancel, hooks).await
     }
 
     // ----- commands -------------------------------------------------------
@@ -546,7 +550,7 @@ impl Kernel {
         req: CommandRequest,
         cancel: CancelToken,
     ) -> Result<Value, ApiError> {
-        self.command_answer(p, req, cancel, None)
+        self.command_answer(p, req, cancel, Hooks::default())
             .await
             .map(Answer::into_value)
     }
@@ -567,8 +571,9 @@ impl Kernel {
         p: &Principal,
         req: CommandRequest,
         cancel: CancelToken,
-        on_admit: Option<tokio::sync::oneshot::Sender<()>>,
+        hooks: Hooks,
     ) -> Result<Answer, ApiError> {
+        let Hooks { on_admit, rider } = hooks;
         let t0 = Instant::now();
         let accepted_at_ms = now_ms();
         // An id the endpoint mints is new by construction (a ULID: time plus
@@ -617,6 +622,7 @@ impl Kernel {
                 policy: std::sync::OnceLock::new(),
                 approval: std::sync::OnceLock::new(),
                 new_approval: std::sync::OnceLock::new(),
+                rider: rider.clone(),
             }
             .pre_binding_refusal(code, message, details, &req)
         };
@@ -701,6 +707,7 @@ impl Kernel {
             policy: std::sync::OnceLock::new(),
             approval: std::sync::OnceLock::new(),
             new_approval: std::sync::OnceLock::new(),
+            rider,
         };
         // Step 4: idempotency.
         let begin = if minted_id {
@@ -846,6 +853,7 @@ impl Kernel {
             policy: std::sync::OnceLock::new(),
             approval: std::sync::OnceLock::new(),
             new_approval: std::sync::OnceLock::new(),
+            rider: None,
         };
         match self.admit(&ctx, false) {
             Ok(admitted) => {
@@ -1218,7 +1226,7 @@ impl Kernel {
                     open_ops,
                     ..Commit::default()
                 };
-                self.commit(decision).await.map(|_| ())
+                self.commit_for(&ctx, decision).await.map(|_| ())
             } else {
                 // The receipt repeats the binding, input digest and operation;
                 // the admission part keeps only what the receipt lacks.
@@ -1576,9 +1584,14 @@ impl Kernel {
         };
         let (durable, answer) = match text {
             // The store moves the canonical body in; the answer is the text.
-            Some(text) => (self.commit(commit).await, Answer::Canonical(text)),
+            Some(text) => (self.commit_for(&ctx, commit).await, Answer::Canonical(text)),
             None => {
+                let mut commit = commit;
+                let boarded = ctx.rider.as_ref().and_then(|r| r.board(&mut commit));
                 let durable = self.commit_ref(&commit).await;
+                if let Some(b) = boarded {
+                    b.land(&durable);
+                }
                 (durable, Answer::Value(take_receipt(commit)))
             }
         };
@@ -1719,10 +1732,21 @@ impl Kernel {
             }],
             ..Commit::default()
         };
-        if let Err(e) = self.commit(commit).await {
+        if let Err(e) = self.commit_for(ctx, commit).await {
             tracing::warn!(error = %e, "rejection evidence could not be made durable");
         }
         wire
+    }
+
+    /// Commits one of a command's records and waits until it is durable,
+    /// taking the surface's rider along if it still waits (see [`Rider`]).
+    async fn commit_for(&self, ctx: &Ctx, mut commit: Commit) -> Result<CommitAck, StoreError> {
+        let boarded = ctx.rider.as_ref().and_then(|r| r.board(&mut commit));
+        let durable = self.commit(commit).await;
+        if let Some(b) = boarded {
+            b.land(&durable);
+        }
+        durable
     }
 }
 
@@ -2050,10 +2074,16 @@ fn verb_name(v: Verb) -> &'static str {
 /// The receipt back out of a receipt commit built by `finish`: the `receipt`
 /// member of its only event.
 fn take_receipt(commit: Commit) -> Value {
-    let receipt = commit.events.into_iter().next().and_then(|e| match e.body {
-        EventBody::Value(Value::Object(mut m)) => m.remove("receipt"),
-        _ => None,
-    });
+    // The receipt's entry, wherever a rider put it.
+    let at = commit.receipts.first().map_or(0, |r| r.event);
+    let receipt = commit
+        .events
+        .into_iter()
+        .nth(at)
+        .and_then(|e| match e.body {
+            EventBody::Value(Value::Object(mut m)) => m.remove("receipt"),
+            _ => None,
+        });
     debug_assert!(receipt.is_some(), "a receipt commit holds its receipt");
     receipt.unwrap_or(Value::Null)
 }

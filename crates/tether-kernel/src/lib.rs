@@ -36,6 +36,7 @@ mod operations;
 mod permits;
 pub mod policy;
 pub mod reference;
+mod rider;
 mod safety;
 mod session;
 mod stop_path;
@@ -44,6 +45,7 @@ pub use answer::Answer;
 pub use authorized::{Authorized, CallKind};
 pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Signal};
 pub use kernel::{Kernel, KernelConfig, Principal, PrincipalKind, StartError};
+pub use rider::{Rider, RiderOutcome};
 
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -104,6 +106,20 @@ pub struct CommandRequest {
     pub safe_place_grant: Option<String>,
     /// A permit from `mhs.safety.permit`, bound to this exact command.
     pub permit_id: Option<String>,
+}
+
+/// What a surface that answers before a command's outcome (the REST
+/// gateway's 202) hands the kernel along with the command.
+#[derive(Debug, Default)]
+pub struct Hooks {
+    /// Fires once the command has passed steps 2 to 11 and goes on to
+    /// dispatch; dropped unfired when it is refused before that (or answered
+    /// by a replay). Tells an admitted command from a refused one by the real
+    /// evaluation, not a dry run.
+    pub on_admit: Option<tokio::sync::oneshot::Sender<()>>,
+    /// A record of the surface's to write in the command's first durable
+    /// commit (see [`Rider`]).
+    pub rider: Option<Rider>,
 }
 
 /// `mhs.resource.read`.

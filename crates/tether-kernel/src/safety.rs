@@ -229,6 +229,7 @@ impl Kernel {
             policy: std::sync::OnceLock::new(),
             approval: std::sync::OnceLock::new(),
             new_approval: std::sync::OnceLock::new(),
+            rider: None,
         };
         let (status, output, error) = match (&path, &durable) {
             (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
@@ -390,6 +391,7 @@ impl Kernel {
             policy: std::sync::OnceLock::new(),
             approval: std::sync::OnceLock::new(),
             new_approval: std::sync::OnceLock::new(),
+            rider: None,
         };
         if let Some(refusal) = self.reset_refusal(d, p) {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);

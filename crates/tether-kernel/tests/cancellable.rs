@@ -86,8 +86,16 @@ async fn the_admission_signal_fires_for_an_admitted_command_only() {
     );
     let (k2, p2) = (k.clone(), p.clone());
     let run = tokio::spawn(async move {
-        k2.command_answer(&p2, motion, CancelToken::new(), Some(tx))
-            .await
+        k2.command_answer(
+            &p2,
+            motion,
+            CancelToken::new(),
+            tether_kernel::Hooks {
+                on_admit: Some(tx),
+                rider: None,
+            },
+        )
+        .await
     });
     rx.await.expect("an admitted command signals");
     assert!(!run.is_finished(), "signalled before the motion ended");
@@ -103,7 +111,15 @@ async fn the_admission_signal_fires_for_an_admitted_command_only() {
         json!({"joints": [99.0, 0, 0, 0, 0, 0], "speed": 1.0}),
     );
     let r = k
-        .command_answer(&p, too_far, CancelToken::new(), Some(tx))
+        .command_answer(
+            &p,
+            too_far,
+            CancelToken::new(),
+            tether_kernel::Hooks {
+                on_admit: Some(tx),
+                rider: None,
+            },
+        )
         .await
         .expect("receipt")
         .into_value();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tether_kernel::loader::{load, ManifestSource};
 use tether_kernel::{
-    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, KernelConfig,
-    Principal, SessionOpen, Signal,
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Hooks, Kernel,
+    KernelConfig, Principal, Rider, SessionOpen, Signal,
 };
 use tether_store::faulty::FaultyStore;
 use tether_store::{Commit, EventDraft, MemoryStore, OpenOp, SqliteStore, Store};
@@ -44,6 +44,8 @@ struct Cnc {
     estops: AtomicUsize,
     break_store_during_call: AtomicBool,
     store: Arc<FaultyStore>,
+    /// Kinds of the last chain entries when the latest call began.
+    chain_at_call: std::sync::Mutex<Vec<String>>,
 }
 
 impl Driver for Cnc {
@@ -53,6 +55,16 @@ impl Driver for Cnc {
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            let kinds = self
+                .store
+                .chain_tail(2)
+                .unwrap_or_default()
+                .iter()
+                .map(|e| e["kind"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            if let Ok(mut c) = self.chain_at_call.lock() {
+                *c = kinds;
+            }
             if self.slow.load(Ordering::SeqCst) {
                 tokio::select! {
                     () = cancel.cancelled() => return Err(Signal::Cancelled),
@@ -95,6 +107,7 @@ async fn rig_on(inner: Arc<dyn Store>) -> Rig {
         estops: AtomicUsize::new(0),
         break_store_during_call: AtomicBool::new(false),
         store: store.clone(),
+        chain_at_call: std::sync::Mutex::new(Vec::new()),
     });
     let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
     drivers.insert("cnc-1".into(), cnc.clone());
@@ -144,6 +157,77 @@ async fn a_physical_call_whose_start_cannot_be_made_durable_is_refused_before_di
     assert_eq!(r["status"], "rejected", "{r}");
     assert_eq!(r["error"]["mhs_code"], "MHS.EVIDENCE.UNAVAILABLE");
     assert_eq!(r["error"]["details"]["reason"], "started_not_durable");
+    assert_eq!(
+        rig.cnc.calls.load(Ordering::SeqCst),
+        0,
+        "nothing was dispatched"
+    );
+}
+
+fn rider(
+    id: &str,
+) -> (
+    Rider,
+    tokio::sync::oneshot::Receiver<tether_kernel::RiderOutcome>,
+) {
+    Rider::new(Commit {
+        events: vec![EventDraft {
+            kind: "invocation.accepted".into(),
+            body: json!({"invocation_id": id}).into(),
+        }],
+        ..Commit::default()
+    })
+}
+
+/// A surface's record (the REST gateway's invocation) rides in a physical
+/// call's admission commit: durable before the driver is called, and in the
+/// chain before the admission.
+#[tokio::test]
+async fn a_rider_is_durable_before_a_physical_call_is_dispatched() {
+    let rig = rig_on(Arc::new(MemoryStore::new())).await;
+    let (r, outcome) = rider("inv_1");
+    let hooks = Hooks {
+        on_admit: None,
+        rider: Some(r),
+    };
+    let answer = rig
+        .k
+        .command_answer(&rig.p, rig.spin(100.0, None), CancelToken::new(), hooks)
+        .await
+        .expect("answer")
+        .into_value();
+    assert_eq!(answer["status"], "completed", "{answer}");
+    assert_eq!(outcome.await.expect("told"), Ok(()));
+    let at_call = rig.cnc.chain_at_call.lock().expect("lock").clone();
+    assert_eq!(
+        at_call,
+        ["invocation.accepted", "command.admitted"],
+        "the record and the admission were durable, in that order, when the call began"
+    );
+}
+
+/// The admission commit fails: the rider's outcome says so and nothing is
+/// dispatched, so a surface never answers for a record it does not have.
+#[tokio::test]
+async fn a_rider_that_cannot_be_made_durable_dispatches_nothing() {
+    let rig = rig_on(Arc::new(MemoryStore::new())).await;
+    rig.store.fail_writes.store(true, Ordering::SeqCst);
+    let (r, outcome) = rider("inv_2");
+    let hooks = Hooks {
+        on_admit: None,
+        rider: Some(r),
+    };
+    let answer = rig
+        .k
+        .command_answer(&rig.p, rig.spin(100.0, None), CancelToken::new(), hooks)
+        .await
+        .expect("answer")
+        .into_value();
+    assert_eq!(
+        answer["error"]["details"]["reason"], "started_not_durable",
+        "{answer}"
+    );
+    assert!(outcome.await.expect("told").is_err());
     assert_eq!(
         rig.cnc.calls.load(Ordering::SeqCst),
         0,

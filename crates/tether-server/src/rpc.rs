@@ -13,8 +13,8 @@ use tether_core::catalogue;
 use tether_core::json::parse_strict;
 use tether_core::Code;
 use tether_kernel::{
-    Answer, ApiError, CancelToken, CommandRequest, EstopRequest, GrantRequest, Kernel, Principal,
-    ReadRequest, ResetRequest, SessionOpen,
+    Answer, ApiError, CancelToken, CommandRequest, EstopRequest, GrantRequest, Hooks, Kernel,
+    Principal, ReadRequest, ResetRequest, SessionOpen,
 };
 
 /// Longest deadline a client may ask for, ms.
@@ -588,7 +588,9 @@ async fn dispatch(
                 safe_place_grant: None,
                 permit_id: None,
             };
-            kernel.write_answer(p, req, CancelToken::new(), None).await
+            kernel
+                .write_answer(p, req, CancelToken::new(), Hooks::default())
+                .await
         }
         "mhs.command" if !is_estop => {
             let q: CommandParams = parse(params)?;
@@ -605,7 +607,7 @@ async fn dispatch(
                 permit_id: q.permit_id,
             };
             kernel
-                .command_answer(p, req, CancelToken::new(), None)
+                .command_answer(p, req, CancelToken::new(), Hooks::default())
                 .await
         }
         _ => dispatch_value(kernel, p, method, params)

@@ -18,8 +18,8 @@ use tether_core::ids::{self, CommandId};
 use tether_core::receipt::now_ms;
 use tether_core::Code;
 use tether_kernel::{
-    ApiError, CancelToken, CommandRequest, EstopRequest, Kernel, Principal, ReadRequest,
-    SessionOpen,
+    ApiError, CancelToken, CommandRequest, EstopRequest, Hooks, Kernel, Principal, ReadRequest,
+    Rider, RiderOutcome, SessionOpen,
 };
 use tether_store::canonical::{self, CanonicalText};
 use tether_store::{CanonicalBody, Commit, EventBody, EventDraft, InvocationRow};
@@ -33,6 +33,11 @@ const SESSION_TTL_MS: u64 = 86_400_000;
 /// How long an invoke whose command was not admitted waits for its rejected
 /// receipt before answering 202 instead.
 const REFUSAL_WAIT: Duration = Duration::from_secs(2);
+/// How long an admitted command has to take the invocation's record into
+/// its first commit before the record is written alone. A setpoint or a
+/// relay reaches its receipt's commit within microseconds; a motion commits
+/// only when it ends, and its 202 must not wait for that.
+const RIDER_BOARDING_WAIT: Duration = Duration::from_millis(5);
 /// Deadline of the device stop run by `POST /invocations/{id}/stop`.
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
 /// Longest e-stop reason kept.
@@ -398,36 +403,82 @@ impl Gateway {
         // command has done by the time it is sent.
         let view = record.write(Form::View { links: true })?;
         let cancel = CancelToken::new();
-        self.accept(record, cancel.clone(), cancellable).await?;
+        let (rider, durable) = self.retain(record, cancel.clone(), cancellable)?;
         let kind = tool.kind;
         let (admitted, on_admit) = tokio::sync::oneshot::channel();
+        let hooks = Hooks {
+            on_admit: Some(admitted),
+            rider: Some(rider.clone()),
+        };
         let run = tokio::spawn(Arc::clone(self).run(
             p.clone(),
             kind,
             req,
-            cancel,
+            (cancel.clone(), hooks, rider.clone()),
             inv_id.clone(),
-            admitted,
         ));
         // Answer 202 once the command has passed steps 2-11 (it goes on to
-        // dispatch); a command refused by them is answered with its refusal
-        // once the rejected receipt is recorded.
-        if on_admit.await.is_err() {
-            if let Ok(Ok(Some(rejected))) = tokio::time::timeout(REFUSAL_WAIT, run).await {
-                return Err(refusal_error(&inv_id, &rejected));
+        // dispatch) and the invocation is durable; a command refused by them
+        // is answered with its refusal once the rejected receipt is recorded.
+        let refused = self.admission(on_admit, run, &rider).await;
+        // The sender is dropped unanswered only if the store went away.
+        let stored = durable
+            .await
+            .unwrap_or(Err(tether_store::StoreError::Closed));
+        if let Some(rejected) = refused {
+            if let Err(e) = &stored {
+                tracing::warn!(invocation_id = %inv_id, error = %e, "a refused invocation's record is not durable");
             }
+            return Err(refusal_error(&inv_id, &rejected));
+        }
+        if let Err(e) = stored {
+            return Err(self.not_retained(&inv_id, &cancel, &e));
         }
         Ok((StatusCode::ACCEPTED, Data::Text(view)))
     }
 
-    /// Retains the invocation in memory and makes its record durable before
-    /// anything is answered or dispatched.
-    async fn accept(
+    /// Waits until the command is admitted or refused, and sees that its
+    /// invocation's record is on its way to the store either way. Answers
+    /// the rejected receipt of a refused command.
+    async fn admission(
+        &self,
+        on_admit: tokio::sync::oneshot::Receiver<()>,
+        run: tokio::task::JoinHandle<Option<Value>>,
+        rider: &Rider,
+    ) -> Option<Value> {
+        if on_admit.await.is_ok() {
+            // Most commands reach their first commit at once and carry the
+            // record in it; one that does not (a motion commits when it
+            // ends) must not hold the 202 back, so the record goes alone.
+            if tokio::time::timeout(RIDER_BOARDING_WAIT, rider.boarded())
+                .await
+                .is_err()
+            {
+                rider.submit_alone(self.kernel.store().as_ref());
+            }
+            return None;
+        }
+        match tokio::time::timeout(REFUSAL_WAIT, run).await {
+            // Refused: the rejection's commit carried the record.
+            Ok(Ok(Some(rejected))) => Some(rejected),
+            _ => {
+                // Replayed (`run` wrote the record alone), or undecided
+                // after the wait: the record goes alone unless taken.
+                rider.submit_alone(self.kernel.store().as_ref());
+                None
+            }
+        }
+    }
+
+    /// Retains the invocation in memory and hands back its record as a
+    /// rider for the command's first commit (see [`Rider`]), with the
+    /// receiver that learns when it is durable.
+    fn retain(
         &self,
         record: Record,
         cancel: CancelToken,
         cancellable: bool,
-    ) -> Result<(), RestError> {
+    ) -> Result<(Rider, tokio::sync::oneshot::Receiver<RiderOutcome>), RestError> {
         let event = record.write(Form::Accepted)?;
         let row = record.write(Form::Row)?;
         let inv_id = record.invocation_id.clone();
@@ -448,48 +499,42 @@ impl Gateway {
             )
             .with_status(StatusCode::SERVICE_UNAVAILABLE));
         }
-        let commit = Commit {
+        Ok(Rider::new(Commit {
             events: vec![EventDraft {
                 kind: "invocation.accepted".into(),
                 body: canonical_body(event),
             }],
             invocations: vec![InvocationRow {
-                invocation_id: inv_id.clone(),
+                invocation_id: inv_id,
                 info: canonical_body(row),
             }],
             ..Commit::default()
-        };
-        if let Err(e) = self.commit(commit).await {
-            // Not durable: nothing is dispatched and the id is forgotten.
-            let outcome = Outcome::Error(
-                json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
-            );
-            if let Ok(mut t) = self.table.lock() {
-                t.finish(&inv_id, outcome, now_ms(), false);
-            }
-            return Err(RestError::new(
-                Code::EvidenceUnavailable,
-                "the invocation could not be recorded durably, so nothing was dispatched",
-                json!({"reason": "invocation_not_durable", "store_error": e}),
-            ));
-        }
-        Ok(())
+        }))
     }
 
-    /// Submits a commit (moved into the store) and waits until it is durable.
-    async fn commit(&self, commit: Commit) -> Result<(), String> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.kernel.store().submit(
-            commit,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
+    /// The invocation's record could not be made durable: it is not
+    /// retained and its command, if under way, is cancelled. A physical or
+    /// budgeted command carried the record in its admission commit, so it
+    /// was refused before dispatch; a simulated one may have run.
+    fn not_retained(
+        &self,
+        inv_id: &str,
+        cancel: &CancelToken,
+        e: &tether_store::StoreError,
+    ) -> RestError {
+        cancel.cancel();
+        let outcome = Outcome::Error(
+            json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
         );
-        match rx.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("the store went away".into()),
+        if let Ok(mut t) = self.table.lock() {
+            t.finish(inv_id, outcome, now_ms(), false);
         }
+        RestError::new(
+            Code::EvidenceUnavailable,
+            "the invocation could not be recorded durably, so it is not retained; a command \
+             already under way was cancelled (nothing physical is dispatched without that record)",
+            json!({"reason": "invocation_not_durable", "store_error": e.to_string()}),
+        )
     }
 
     /// Runs the command and records how it ended. Answers the receipt when
@@ -499,19 +544,18 @@ impl Gateway {
         p: Principal,
         kind: ToolKind,
         req: CommandRequest,
-        cancel: CancelToken,
+        (cancel, hooks, rider): (CancelToken, Hooks, Rider),
         inv_id: String,
-        admitted: tokio::sync::oneshot::Sender<()>,
     ) -> Option<Value> {
         let answer = if kind == ToolKind::Write {
-            self.kernel
-                .write_answer(&p, req, cancel, Some(admitted))
-                .await
+            self.kernel.write_answer(&p, req, cancel, hooks).await
         } else {
-            self.kernel
-                .command_answer(&p, req, cancel, Some(admitted))
-                .await
+            self.kernel.command_answer(&p, req, cancel, hooks).await
         };
+        // A command answered without any commit of its own (a replay, a
+        // protocol error) leaves the record to be written here, before the
+        // record of how it ended.
+        rider.submit_alone(self.kernel.store().as_ref());
         let outcome = match answer {
             Ok(receipt) => Outcome::receipt(receipt),
             Err(e) => Outcome::Error(api_error_json(&e)),
