@@ -47,9 +47,11 @@ impl Index {
     /// An index; `complete` says whether it holds every retained receipt.
     pub fn new(capacity: usize, complete: bool) -> Self {
         assert!(capacity > 0);
+        // Sized for the bound once: never rehashed while commands arrive,
+        // and untouched slots cost no resident memory.
         Self {
-            entries: HashMap::new(),
-            order: VecDeque::new(),
+            entries: HashMap::with_capacity(capacity.saturating_add(1)),
+            order: VecDeque::with_capacity(capacity.saturating_add(1)),
             capacity,
             complete,
         }

@@ -337,11 +337,22 @@ impl Invocation {
 }
 
 /// What the gateway knows about one invocation id in memory.
-#[derive(Default)]
 pub(crate) struct Table {
-    by_id: HashMap<String, Invocation>,
+    /// Boxed, so the map's slots stay small: it is sized for its bound once
+    /// (never rehashed under load) and touches memory only as it fills.
+    by_id: HashMap<String, Box<Invocation>>,
     pending: usize,
     finished_order: VecDeque<String>,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Self {
+            by_id: HashMap::with_capacity(PENDING_MAX + FINISHED_MAX),
+            pending: 0,
+            finished_order: VecDeque::with_capacity(FINISHED_MAX + 1),
+        }
+    }
 }
 
 impl Table {
@@ -351,16 +362,17 @@ impl Table {
             return false;
         }
         self.pending += 1;
-        self.by_id.insert(inv.record.invocation_id.clone(), inv);
+        self.by_id
+            .insert(inv.record.invocation_id.clone(), Box::new(inv));
         true
     }
 
     pub fn get(&self, id: &str) -> Option<&Invocation> {
-        self.by_id.get(id)
+        self.by_id.get(id).map(|b| &**b)
     }
 
     pub fn get_mut(&mut self, id: &str) -> Option<&mut Invocation> {
-        self.by_id.get_mut(id)
+        self.by_id.get_mut(id).map(|b| &mut **b)
     }
 
     /// Marks an invocation finished with its outcome (moved into the
