@@ -114,8 +114,8 @@ impl Rider {
     }
 }
 
-/// `parts` in front of `commit`: events first (the commit's receipt
-/// references shift by as many), rows added.
+/// `parts` in front of `commit`: events first (the commit's references to
+/// its events shift by as many), rows added.
 fn prepend(commit: &mut Commit, parts: Commit) {
     let Commit {
         events,
@@ -128,16 +128,21 @@ fn prepend(commit: &mut Commit, parts: Commit) {
         closed_ops,
         approvals,
         invocations,
+        invocation_refs,
     } = parts;
     let shift = events.len();
     for r in &mut commit.receipts {
         r.event += shift;
     }
+    for r in &mut commit.invocation_refs {
+        r.event += shift;
+    }
     let own = std::mem::replace(&mut commit.events, events);
     commit.events.extend(own);
-    // The rider's own receipt references index its own events, which now
-    // come first: unchanged.
+    // The rider's own references index its own events, which now come
+    // first: unchanged.
     commit.receipts.extend(receipts);
+    commit.invocation_refs.extend(invocation_refs);
     commit.revisions.extend(revisions);
     commit.latches.extend(latches);
     commit.budget_draws.extend(budget_draws);

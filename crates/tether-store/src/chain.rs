@@ -208,6 +208,29 @@ pub(crate) fn receipt_from_entry(command_id: &str, line: &str) -> Result<Value, 
     Ok(receipt)
 }
 
+/// The invocation record held as the body of the chain entry `line`, which
+/// must name `invocation_id`.
+pub(crate) fn invocation_from_entry(
+    invocation_id: &str,
+    line: &str,
+) -> Result<crate::EventBody, StoreError> {
+    let mut entry: Value = serde_json::from_str(line).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "stored chain entry for invocation {invocation_id:?} is not valid JSON: {e}"
+        ))
+    })?;
+    let body = entry
+        .get_mut("body")
+        .map(Value::take)
+        .unwrap_or(Value::Null);
+    if body.get("invocation_id").and_then(Value::as_str) != Some(invocation_id) {
+        return Err(StoreError::Corrupt(format!(
+            "the chain entry indexed for invocation {invocation_id:?} does not hold its record"
+        )));
+    }
+    Ok(body.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

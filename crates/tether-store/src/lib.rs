@@ -224,6 +224,10 @@ pub struct Commit {
     pub approvals: Vec<ApprovalRow>,
     /// Gateway invocations to record (insert or overwrite by `invocation_id`).
     pub invocations: Vec<InvocationRow>,
+    /// Gateway invocations whose record is the body of one of this commit's
+    /// events (insert or overwrite by `invocation_id`): stored once, in the
+    /// chain, and only indexed here. Applied after `invocations`.
+    pub invocation_refs: Vec<InvocationRef>,
 }
 
 /// One approval record, stored whole: the kernel's state machine writes the
@@ -247,6 +251,17 @@ pub struct InvocationRow {
     pub invocation_id: String,
     /// What the gateway needs to answer for it later.
     pub info: EventBody,
+}
+
+/// An invocation whose record is the body of one of its commit's events
+/// (which must hold `invocation_id`, checked when it is read back). Read
+/// back like an [`InvocationRow`], its `info` being that body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvocationRef {
+    /// `inv_<ULID>`, minted by the gateway.
+    pub invocation_id: String,
+    /// Index into the commit's `events` of the entry holding the record.
+    pub event: usize,
 }
 
 /// A physical operation whose start is durable and whose finish is not yet:

@@ -35,8 +35,15 @@ struct State {
     version: u64,
     open_ops: BTreeMap<String, crate::OpenOp>,
     approvals: Vec<crate::ApprovalRow>,
-    /// Invocation infos by id, as the canonical JSON text SQLite stores.
-    invocations: HashMap<String, String>,
+    /// Invocation records by id, as SQLite stores them.
+    invocations: HashMap<String, StoredInvocation>,
+}
+
+/// An invocation's record: its canonical text, or the `seq` of the entry
+/// whose body it is.
+enum StoredInvocation {
+    Info(String),
+    Entry(u64),
 }
 
 impl State {
@@ -192,7 +199,14 @@ impl Backend for MemoryBackend {
                 }
             }
             for (id, info) in &c.invocations {
-                st.invocations.insert(id.clone(), info.clone());
+                st.invocations
+                    .insert(id.clone(), StoredInvocation::Info(info.clone()));
+            }
+            for r in &c.invocation_refs {
+                // prepare() checked that `event` indexes this commit's events.
+                let seq = first_seq + r.event as u64;
+                st.invocations
+                    .insert(r.invocation_id.clone(), StoredInvocation::Entry(seq));
             }
             for id in &c.budget_releases {
                 if let Some(&at) = st.budget_index.get(id) {
@@ -283,17 +297,34 @@ impl Store for MemoryStore {
     }
 
     fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
-        let Some(text) = lock(&self.state).invocations.get(invocation_id).cloned() else {
-            return Ok(None);
+        let st = lock(&self.state);
+        let info = match st.invocations.get(invocation_id) {
+            None => return Ok(None),
+            Some(StoredInvocation::Info(text)) => {
+                let info: Value = serde_json::from_str(text).map_err(|e| {
+                    StoreError::Corrupt(format!(
+                        "invocation {invocation_id:?} is not valid JSON: {e}"
+                    ))
+                })?;
+                info.into()
+            }
+            Some(StoredInvocation::Entry(seq)) => {
+                let line = seq
+                    .checked_sub(1)
+                    .and_then(|i| usize::try_from(i).ok())
+                    .and_then(|i| st.events.get(i))
+                    .map(|(_, line)| line.as_str())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "no entry {seq} for invocation {invocation_id:?}"
+                        ))
+                    })?;
+                crate::chain::invocation_from_entry(invocation_id, line)?
+            }
         };
-        let info: Value = serde_json::from_str(&text).map_err(|e| {
-            StoreError::Corrupt(format!(
-                "invocation {invocation_id:?} is not valid JSON: {e}"
-            ))
-        })?;
         Ok(Some(crate::InvocationRow {
             invocation_id: invocation_id.to_owned(),
-            info: info.into(),
+            info,
         }))
     }
 

@@ -50,6 +50,7 @@ pub(crate) struct Prepared {
     pub approvals: Vec<(crate::ApprovalRow, String)>,
     /// `(invocation_id, info_json)`.
     pub invocations: Vec<(String, String)>,
+    pub invocation_refs: Vec<crate::InvocationRef>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -231,6 +232,7 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         ("closed_ops", c.closed_ops.len()),
         ("approvals", c.approvals.len()),
         ("invocations", c.invocations.len()),
+        ("invocation_refs", c.invocation_refs.len()),
     ];
     for (what, n) in counts {
         if n > MAX_ITEMS_PER_COMMIT {
@@ -350,6 +352,19 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         }
         invocations.push((row.invocation_id.clone(), info_json));
     }
+    for r in &c.invocation_refs {
+        if r.invocation_id.is_empty() {
+            return Err(invalid("invocation_id is empty"));
+        }
+        if r.event >= c.events.len() {
+            return Err(invalid(format!(
+                "invocation {:?} points at event {} of a commit with {} events",
+                r.invocation_id,
+                r.event,
+                c.events.len()
+            )));
+        }
+    }
     Ok(Prepared {
         approvals,
         events,
@@ -377,5 +392,6 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
             Vec::new()
         },
         invocations,
+        invocation_refs: c.invocation_refs.clone(),
     })
 }

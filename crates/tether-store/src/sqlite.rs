@@ -20,7 +20,7 @@ use std::time::Duration;
 pub const DB_FILE_NAME: &str = "tether.db";
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// How long a connection waits for another process holding the write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -109,6 +109,21 @@ const MIGRATIONS: &[(i64, &str)] = &[
     INSERT INTO receipts(seq, command_id, input_digest)
         SELECT seq, command_id, input_digest FROM receipts_v3;
     DROP TABLE receipts_v3;",
+    ),
+    (
+        5,
+        // An invocation's record may be the body of a chain entry (the
+        // gateway's `invocation.accepted`), indexed by `seq` instead of
+        // copied: exactly one of `info` and `seq` is set.
+        "ALTER TABLE invocations RENAME TO invocations_v4;
+    CREATE TABLE invocations(
+        invocation_id TEXT PRIMARY KEY,
+        info TEXT,
+        seq INTEGER,
+        CHECK ((info IS NULL) <> (seq IS NULL))
+    ) WITHOUT ROWID;
+    INSERT INTO invocations(invocation_id, info) SELECT invocation_id, info FROM invocations_v4;
+    DROP TABLE invocations_v4;",
     ),
 ];
 
@@ -656,11 +671,23 @@ fn apply_one(
     }
     if !c.invocations.is_empty() {
         let mut upsert = conn.prepare_cached(
-            "INSERT INTO invocations(invocation_id, info) VALUES (?1, ?2)
-             ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info",
+            "INSERT INTO invocations(invocation_id, info, seq) VALUES (?1, ?2, NULL)
+             ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info, seq = NULL",
         )?;
         for (invocation_id, info) in &c.invocations {
             upsert.execute(params![invocation_id, info])?;
+        }
+    }
+    if !c.invocation_refs.is_empty() {
+        let mut upsert = conn.prepare_cached(
+            "INSERT INTO invocations(invocation_id, info, seq) VALUES (?1, NULL, ?2)
+             ON CONFLICT(invocation_id) DO UPDATE SET info = NULL, seq = excluded.seq",
+        )?;
+        for r in &c.invocation_refs {
+            // prepare() checked that `event` indexes this commit's events.
+            let seq = first_seq + r.event as u64;
+            debug_assert!(seq <= chain.head.seq);
+            upsert.execute(params![&r.invocation_id, seq_to_db(seq)?])?;
         }
     }
     Ok(Ok(CommitAck {
@@ -785,18 +812,32 @@ impl Store for SqliteStore {
 
     fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
         let conn = self.read();
-        let mut st =
-            conn.prepare_cached("SELECT info FROM invocations WHERE invocation_id = ?1")?;
-        let info: Option<String> = st.query_row([invocation_id], |r| r.get(0)).optional()?;
-        info.map(|info| {
-            let info: Value = serde_json::from_str(&info)
-                .map_err(|e| corrupt_json("invocation", invocation_id, e))?;
-            Ok(crate::InvocationRow {
-                invocation_id: invocation_id.to_owned(),
-                info: info.into(),
-            })
-        })
-        .transpose()
+        let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn
+            .prepare_cached(
+                "SELECT i.info, i.seq, e.line FROM invocations i LEFT JOIN events e ON e.seq = i.seq
+                 WHERE i.invocation_id = ?1",
+            )?
+            .query_row([invocation_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
+        drop(conn);
+        let info = match row {
+            None => return Ok(None),
+            Some((Some(info), _, _)) => serde_json::from_str::<Value>(&info)
+                .map_err(|e| corrupt_json("invocation", invocation_id, e))?
+                .into(),
+            Some((None, _, Some(line))) => {
+                crate::chain::invocation_from_entry(invocation_id, &line)?
+            }
+            Some((None, seq, None)) => {
+                return Err(StoreError::Corrupt(format!(
+                    "invocation {invocation_id:?} is indexed at entry {seq:?}, which is missing"
+                )))
+            }
+        };
+        Ok(Some(crate::InvocationRow {
+            invocation_id: invocation_id.to_owned(),
+            info,
+        }))
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {

@@ -82,6 +82,7 @@ fn full_commit(id: &str) -> Commit {
             record: json!({"status": "pending", "votes": []}),
         }],
         invocations: vec![],
+        invocation_refs: vec![],
     }
 }
 
@@ -670,6 +671,118 @@ fn invocations_are_upserted_and_survive_a_reopen() {
     assert_eq!(s.invocation("inv_1").expect("read"), Some(row("pending")));
 }
 
+fn invocation_ref(id: &str, event: usize) -> tether_store::InvocationRef {
+    tether_store::InvocationRef {
+        invocation_id: id.into(),
+        event,
+    }
+}
+
+#[test]
+fn an_invocation_indexed_at_its_entry_reads_back_as_that_entrys_body() {
+    let record = json!({"invocation_id": "inv_7", "status": "pending", "command_id": "c7"});
+    both(|s| {
+        s.commit_blocking(Commit {
+            events: vec![
+                event("other", json!({"n": 1})),
+                event("invocation.accepted", record.clone()),
+            ],
+            invocation_refs: vec![invocation_ref("inv_7", 1)],
+            ..Commit::default()
+        })
+        .expect("indexed");
+        let row = s.invocation("inv_7").expect("read").expect("stored");
+        assert_eq!(row.info.into_value(), record);
+        // A full row later (how it ended) replaces the index, and an index
+        // later replaces a full row.
+        let finished = json!({"invocation_id": "inv_7", "status": "rejected"});
+        s.commit_blocking(Commit {
+            invocations: vec![tether_store::InvocationRow {
+                invocation_id: "inv_7".into(),
+                info: finished.clone().into(),
+            }],
+            ..Commit::default()
+        })
+        .expect("row");
+        let row = s.invocation("inv_7").expect("read").expect("stored");
+        assert_eq!(row.info.into_value(), finished);
+    });
+}
+
+#[test]
+fn an_invocation_index_must_point_into_its_commit_at_an_entry_naming_it() {
+    both(|s| {
+        // Out of range: refused whole, nothing stored.
+        let out_of_range = Commit {
+            events: vec![event(
+                "invocation.accepted",
+                json!({"invocation_id": "inv_8"}),
+            )],
+            invocation_refs: vec![invocation_ref("inv_8", 1)],
+            ..Commit::default()
+        };
+        assert!(matches!(
+            s.commit_blocking(out_of_range),
+            Err(StoreError::Invalid(_))
+        ));
+        assert_eq!(s.chain_head().expect("head"), None);
+        assert_eq!(s.invocation("inv_8").expect("read"), None);
+        // An entry that does not hold the record is never read as it.
+        s.commit_blocking(Commit {
+            events: vec![event("other", json!({"invocation_id": "inv_other"}))],
+            invocation_refs: vec![invocation_ref("inv_9", 0)],
+            ..Commit::default()
+        })
+        .expect("stored");
+        assert!(matches!(s.invocation("inv_9"), Err(StoreError::Corrupt(_))));
+    });
+}
+
+#[test]
+fn version_4_invocation_rows_survive_the_move_to_indexed_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let row = tether_store::InvocationRow {
+        invocation_id: "inv_old".into(),
+        info: json!({"invocation_id": "inv_old", "status": "completed"}).into(),
+    };
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(Commit {
+            invocations: vec![row.clone()],
+            ..Commit::default()
+        })
+        .expect("row");
+    }
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    downgrade_invocations_to_v4(&db);
+    drop(db);
+    let s = SqliteStore::open(dir.path()).expect("migrated");
+    assert_eq!(s.invocation("inv_old").expect("read"), Some(row));
+    // The migrated table takes indexed records.
+    s.commit_blocking(Commit {
+        events: vec![event(
+            "invocation.accepted",
+            json!({"invocation_id": "inv_new"}),
+        )],
+        invocation_refs: vec![invocation_ref("inv_new", 0)],
+        ..Commit::default()
+    })
+    .expect("indexed");
+    assert!(s.invocation("inv_new").expect("read").is_some());
+}
+
+/// The version 4 `invocations` table (a full row per invocation), rows kept.
+fn downgrade_invocations_to_v4(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "CREATE TABLE invocations_v4(invocation_id TEXT PRIMARY KEY, info TEXT NOT NULL) WITHOUT ROWID;
+         INSERT INTO invocations_v4 SELECT invocation_id, info FROM invocations WHERE info IS NOT NULL;
+         DROP TABLE invocations;
+         ALTER TABLE invocations_v4 RENAME TO invocations;
+         DELETE FROM schema_version WHERE version = 5;",
+    )
+    .expect("v4 layout");
+}
+
 #[test]
 fn a_receipt_must_point_at_an_event_that_holds_it() {
     both(|s| {
@@ -700,6 +813,7 @@ fn a_receipt_must_point_at_an_event_that_holds_it() {
 /// receipt row also carried its own copy of the receipt.
 fn downgrade_to_v3(path: &std::path::Path, receipt_text: impl Fn(&str) -> String) {
     let db = rusqlite::Connection::open(path.join("tether.db")).expect("db");
+    downgrade_invocations_to_v4(&db);
     let rows: Vec<(i64, String, String)> = {
         let mut st = db
             .prepare("SELECT seq, command_id, input_digest FROM receipts")

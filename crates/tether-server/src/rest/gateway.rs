@@ -22,7 +22,7 @@ use tether_kernel::{
     Rider, RiderOutcome, SessionOpen,
 };
 use tether_store::canonical::{self, CanonicalText};
-use tether_store::{CanonicalBody, Commit, EventBody, EventDraft, InvocationRow};
+use tether_store::{CanonicalBody, Commit, EventBody, EventDraft, InvocationRef, InvocationRow};
 
 /// Longest deadline an invocation may ask for, ms (as on JSON-RPC).
 const DEADLINE_MS_MAX: u64 = 86_400_000;
@@ -479,8 +479,9 @@ impl Gateway {
         cancel: CancelToken,
         cancellable: bool,
     ) -> Result<(Rider, tokio::sync::oneshot::Receiver<RiderOutcome>), RestError> {
-        let event = record.write(Form::Accepted)?;
-        let row = record.write(Form::Row)?;
+        // The entry holds the record (pending); the store's row only
+        // indexes that entry, so the record is stored once.
+        let event = record.write(Form::Row)?;
         let inv_id = record.invocation_id.clone();
         let inserted = self
             .table
@@ -504,9 +505,9 @@ impl Gateway {
                 kind: "invocation.accepted".into(),
                 body: canonical_body(event),
             }],
-            invocations: vec![InvocationRow {
+            invocation_refs: vec![InvocationRef {
                 invocation_id: inv_id,
-                info: canonical_body(row),
+                event: 0,
             }],
             ..Commit::default()
         }))

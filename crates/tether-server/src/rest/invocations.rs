@@ -1,9 +1,11 @@
 //! Invocations of the gateway: what was accepted, by whom, and how it ended.
 //!
 //! An invocation is one asynchronous command (an action or a write) behind a
-//! 202. Its record is made durable (an `invocation.accepted` entry in the
-//! evidence chain plus an `invocations` row) before the 202 is answered, so its
-//! id answers after a restart. In memory the table is bounded: pending
+//! 202. Its record is made durable before the 202 is answered, so its id
+//! answers after a restart: the `invocation.accepted` entry in the evidence
+//! chain holds it (the record's row form, status `pending`), and the store's
+//! `invocations` table only indexes that entry; how a refused one ended is an
+//! `invocation.finished` entry plus a full row. In memory the table is bounded: pending
 //! invocations by [`PENDING_MAX`] (new ones are refused beyond it), finished
 //! ones by [`FINISHED_MAX`] (older ones are answered from the store).
 //!
@@ -59,9 +61,8 @@ pub(crate) struct Record {
 /// Which members a record is written with.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Form {
-    /// The `invocation.accepted` evidence entry: who asked for what, when.
-    Accepted,
-    /// The durable row: everything, the principal included.
+    /// The durable form, the principal included: the body of the
+    /// `invocation.accepted` entry (pending) and a finished record's row.
     Row,
     /// The caller's view: everything but the principal, plus `terminal`,
     /// `operation_id` and `receipt_id` (and `links` on the 202).
@@ -148,18 +149,16 @@ impl Record {
         if let Some(p) = &principal {
             members.push(("principal", Member::Canonical(p)));
         }
-        if form != Form::Accepted {
-            members.push(("status", Member::Str(&self.status)));
-            members.push(("receipt", receipt_member(self.receipt.as_ref())));
-            members.push((
-                "error",
-                self.error.as_ref().map_or(Member::Null, Member::Value),
-            ));
-            members.push((
-                "finished_at_ms",
-                self.finished_at_ms.map_or(Member::Null, Member::U64),
-            ));
-        }
+        members.push(("status", Member::Str(&self.status)));
+        members.push(("receipt", receipt_member(self.receipt.as_ref())));
+        members.push((
+            "error",
+            self.error.as_ref().map_or(Member::Null, Member::Value),
+        ));
+        members.push((
+            "finished_at_ms",
+            self.finished_at_ms.map_or(Member::Null, Member::U64),
+        ));
         if view {
             members.push(("terminal", Member::Bool(self.terminal())));
             members.push(("receipt_id", opt_str(receipt_id.as_deref())));
@@ -541,10 +540,6 @@ mod tests {
         assert_eq!(view["receipt_id"], "rcp_1");
         assert_eq!(view["operation_id"], "op_1");
         assert_eq!(view["links"]["result"], "/invocations/inv_2/result");
-        let accepted = parsed(record("inv_2").write(Form::Accepted));
-        for absent in ["status", "receipt", "error", "finished_at_ms"] {
-            assert!(accepted.get(absent).is_none(), "{absent}");
-        }
     }
 
     #[test]
