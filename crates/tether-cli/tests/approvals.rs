@@ -538,3 +538,85 @@ fn invalid_policies_refuse_start_up_naming_the_policy_and_the_error() {
     let run = tether(&[OsStr::new("check"), file.as_os_str()]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
 }
+
+/// A REST invocation of `path` (`GET` when `body` is empty) with `token`.
+fn rest(s: &Server, token: &str, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let text = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let headers = format!("Authorization: Bearer {token}\r\n");
+    let r = http_request(s.addr(), method, path, text.as_bytes(), TIMEOUT, &headers);
+    (r.status, r.json())
+}
+
+/// Through the REST gateway a hold is an error that names its approval and
+/// keeps the invocation (rejected, with the hold's receipt); once approved,
+/// the same `command_id` resumes it as a new invocation that completes.
+#[test]
+fn a_rest_invocation_held_for_approval_then_resumed_by_command_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let invoke = "/tools/thermostat-1__setpoint:invoke";
+    let hot = json!({"input": {"target_temperature": 70.0}, "command_id": "rest-hot-1"});
+
+    let (status, held) = rest(&s, AGENT, "POST", invoke, &hot);
+    assert_eq!(held["ok"], false, "{held}");
+    assert_eq!(held["error"]["code"], "MHS.POLICY.HELD", "{held}");
+    assert_ne!(status, 202, "{held}");
+    let details = &held["error"]["details"];
+    let approval = details["receipt"]["error"]["details"]["approval_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no approval id: {held}"))
+        .to_owned();
+    let inv = details["invocation_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no invocation id: {held}"))
+        .to_owned();
+    // The invocation is retained, rejected with the hold, and nothing ran.
+    let (status, record) = rest(
+        &s,
+        AGENT,
+        "GET",
+        &format!("/invocations/{inv}"),
+        &Value::Null,
+    );
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["data"]["status"], "rejected", "{record}");
+    assert_eq!(record["data"]["terminal"], true, "{record}");
+    let sid = session(&s, AGENT);
+    assert_ne!(live_setpoint(&s, AGENT, &sid), 70.0);
+
+    // Two operators approve; the same command_id and input resume it.
+    decide(&s, ALICE, &approval, "approve");
+    assert_eq!(
+        decide(&s, BOB, &approval, "approve")["result"]["status"],
+        "approved"
+    );
+    let (status, resumed) = rest(&s, AGENT, "POST", invoke, &hot);
+    assert_eq!(status, 202, "{resumed}");
+    let again = resumed["data"]["invocation_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_ne!(again, inv, "a new invocation");
+    let mut done = Value::Null;
+    for _ in 0..200 {
+        let (status, r) = rest(
+            &s,
+            AGENT,
+            "GET",
+            &format!("/invocations/{again}/result"),
+            &Value::Null,
+        );
+        if status == 200 {
+            done = r;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(done["data"]["status"], "completed", "{done}");
+    assert_eq!(live_setpoint(&s, AGENT, &sid), 70.0);
+}
