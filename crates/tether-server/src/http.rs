@@ -90,7 +90,8 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(kernel, auth))
+    use axum::serve::ListenerExt;
+    axum::serve(listener.tap_io(crate::no_delay), router(kernel, auth))
         .with_graceful_shutdown(shutdown)
         .await
 }

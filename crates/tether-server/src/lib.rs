@@ -24,6 +24,17 @@ pub mod tools;
 ///
 /// Serialising a `Value` cannot fail (its keys are strings); should that ever
 /// change, the answer is a JSON-RPC internal error rather than a panic.
+/// Disables Nagle's algorithm on an accepted connection. Answers go out in
+/// one write but streamed ones (MCP's server-sent events) in several: with
+/// Nagle on, a later part waits for the peer's delayed ACK (up to ~40 ms on
+/// Linux), which an e-stop's answer must never do. A socket that refuses the
+/// option still serves, only slower.
+pub(crate) fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY not set on a connection");
+    }
+}
+
 pub(crate) fn json_bytes(v: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_else(|e| {
         tracing::error!(error = %e, "an answer could not be serialised");

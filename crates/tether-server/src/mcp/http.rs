@@ -79,7 +79,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let loopback = listener.local_addr()?.ip().is_loopback();
     let app = router(kernel, auth, loopback, shutdown.clone());
-    axum::serve(listener, app)
+    use axum::serve::ListenerExt;
+    axum::serve(listener.tap_io(crate::no_delay), app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
