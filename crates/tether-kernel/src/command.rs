@@ -13,7 +13,7 @@ use crate::idempotency::Begin;
 use crate::kernel::{DeviceRt, Kernel, Principal, RunningOp};
 use crate::loader::BindingSpec;
 use crate::policy::PolicyStep;
-use crate::rider::Rider;
+use crate::rider::{Boarded, Rider};
 use crate::session::{Session, SessionFault};
 use crate::{ApiError, CommandRequest, GrantRequest, Hooks, ReadRequest, SessionOpen};
 use serde_json::{json, Map, Value};
@@ -1587,11 +1587,7 @@ impl Kernel {
             Some(text) => (self.commit_for(&ctx, commit).await, Answer::Canonical(text)),
             None => {
                 let mut commit = commit;
-                let boarded = ctx.rider.as_ref().and_then(|r| r.board(&mut commit));
-                let durable = self.commit_ref(&commit).await;
-                if let Some(b) = boarded {
-                    b.land(&durable);
-                }
+                let durable = self.commit_ref_for(&ctx, &mut commit).await;
                 (durable, Answer::Value(take_receipt(commit)))
             }
         };
@@ -1743,9 +1739,19 @@ impl Kernel {
     async fn commit_for(&self, ctx: &Ctx, mut commit: Commit) -> Result<CommitAck, StoreError> {
         let boarded = ctx.rider.as_ref().and_then(|r| r.board(&mut commit));
         let durable = self.commit(commit).await;
-        if let Some(b) = boarded {
-            b.land(&durable);
-        }
+        Boarded::land_opt(boarded, &durable);
+        durable
+    }
+
+    /// [`Kernel::commit_for`] for a commit the caller still needs afterwards.
+    async fn commit_ref_for(
+        &self,
+        ctx: &Ctx,
+        commit: &mut Commit,
+    ) -> Result<CommitAck, StoreError> {
+        let boarded = ctx.rider.as_ref().and_then(|r| r.board(commit));
+        let durable = self.commit_ref(commit).await;
+        Boarded::land_opt(boarded, &durable);
         durable
     }
 }

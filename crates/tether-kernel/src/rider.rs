@@ -57,6 +57,13 @@ impl Boarded {
             .0
             .send(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
     }
+
+    /// [`Boarded::land`] for a commit that may not have carried a rider.
+    pub(crate) fn land_opt(boarded: Option<Self>, outcome: &Result<CommitAck, StoreError>) {
+        if let Some(b) = boarded {
+            b.land(outcome);
+        }
+    }
 }
 
 impl Rider {

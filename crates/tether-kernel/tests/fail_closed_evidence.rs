@@ -164,19 +164,33 @@ async fn a_physical_call_whose_start_cannot_be_made_durable_is_refused_before_di
     );
 }
 
-fn rider(
+/// Spins at 100 rpm with an `invocation.accepted` record riding along;
+/// answers the receipt and the rider's outcome receiver.
+async fn spin_with_rider(
+    rig: &Rig,
     id: &str,
 ) -> (
-    Rider,
+    Value,
     tokio::sync::oneshot::Receiver<tether_kernel::RiderOutcome>,
 ) {
-    Rider::new(Commit {
+    let (rider, outcome) = Rider::new(Commit {
         events: vec![EventDraft {
             kind: "invocation.accepted".into(),
             body: json!({"invocation_id": id}).into(),
         }],
         ..Commit::default()
-    })
+    });
+    let hooks = Hooks {
+        on_admit: None,
+        rider: Some(rider),
+    };
+    let answer = rig
+        .k
+        .command_answer(&rig.p, rig.spin(100.0, None), CancelToken::new(), hooks)
+        .await
+        .expect("answer")
+        .into_value();
+    (answer, outcome)
 }
 
 /// A surface's record (the REST gateway's invocation) rides in a physical
@@ -185,17 +199,7 @@ fn rider(
 #[tokio::test]
 async fn a_rider_is_durable_before_a_physical_call_is_dispatched() {
     let rig = rig_on(Arc::new(MemoryStore::new())).await;
-    let (r, outcome) = rider("inv_1");
-    let hooks = Hooks {
-        on_admit: None,
-        rider: Some(r),
-    };
-    let answer = rig
-        .k
-        .command_answer(&rig.p, rig.spin(100.0, None), CancelToken::new(), hooks)
-        .await
-        .expect("answer")
-        .into_value();
+    let (answer, outcome) = spin_with_rider(&rig, "inv_1").await;
     assert_eq!(answer["status"], "completed", "{answer}");
     assert_eq!(outcome.await.expect("told"), Ok(()));
     let at_call = rig.cnc.chain_at_call.lock().expect("lock").clone();
@@ -212,17 +216,7 @@ async fn a_rider_is_durable_before_a_physical_call_is_dispatched() {
 async fn a_rider_that_cannot_be_made_durable_dispatches_nothing() {
     let rig = rig_on(Arc::new(MemoryStore::new())).await;
     rig.store.fail_writes.store(true, Ordering::SeqCst);
-    let (r, outcome) = rider("inv_2");
-    let hooks = Hooks {
-        on_admit: None,
-        rider: Some(r),
-    };
-    let answer = rig
-        .k
-        .command_answer(&rig.p, rig.spin(100.0, None), CancelToken::new(), hooks)
-        .await
-        .expect("answer")
-        .into_value();
+    let (answer, outcome) = spin_with_rider(&rig, "inv_2").await;
     assert_eq!(
         answer["error"]["details"]["reason"], "started_not_durable",
         "{answer}"

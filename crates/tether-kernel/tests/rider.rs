@@ -3,12 +3,12 @@
 //! receipt, the record first; taken by a refusal's commit too; left for the
 //! surface when the command makes no commit (a replay).
 
+mod common;
+
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tether_kernel::loader::load;
 use tether_kernel::{
-    CancelToken, CommandRequest, Hooks, Kernel, KernelConfig, Principal, Rider, RiderOutcome,
-    SessionOpen,
+    CancelToken, CommandRequest, Hooks, Kernel, Principal, Rider, RiderOutcome, SessionOpen,
 };
 use tether_store::{Commit, EventDraft, MemoryStore, Store};
 use tokio::sync::oneshot;
@@ -21,11 +21,8 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
-    let cell = load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
     let store = Arc::new(MemoryStore::new());
-    let k = Kernel::new(KernelConfig::standard("t"), cell, drivers, store.clone()).expect("kernel");
+    let k = common::builtin_kernel_on(store.clone());
     let p = Principal::local_agent();
     let sid = k
         .session_open(&p, SessionOpen::default())

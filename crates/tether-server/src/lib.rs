@@ -20,10 +20,6 @@ pub mod rpc;
 pub mod stdio;
 pub mod tools;
 
-/// The compact JSON text of an answer, as bytes.
-///
-/// Serialising a `Value` cannot fail (its keys are strings); should that ever
-/// change, the answer is a JSON-RPC internal error rather than a panic.
 /// Disables Nagle's algorithm on an accepted connection. Answers go out in
 /// one write but streamed ones (MCP's server-sent events) in several: with
 /// Nagle on, a later part waits for the peer's delayed ACK (up to ~40 ms on
@@ -35,6 +31,10 @@ pub(crate) fn no_delay(tcp: &mut tokio::net::TcpStream) {
     }
 }
 
+/// The compact JSON text of an answer, as bytes.
+///
+/// Serialising a `Value` cannot fail (its keys are strings); should that ever
+/// change, the answer is a JSON-RPC internal error rather than a panic.
 pub(crate) fn json_bytes(v: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_else(|e| {
         tracing::error!(error = %e, "an answer could not be serialised");

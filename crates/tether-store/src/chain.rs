@@ -188,16 +188,24 @@ pub(crate) fn is_hash_hex(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// The body of the stored chain entry `line` (`null` if it has none).
+fn entry_body(line: &str) -> Result<Value, serde_json::Error> {
+    let mut entry: Value = serde_json::from_str(line)?;
+    Ok(entry
+        .get_mut("body")
+        .map(Value::take)
+        .unwrap_or(Value::Null))
+}
+
 /// The receipt of `command_id` out of the chain entry `line` that records it.
 pub(crate) fn receipt_from_entry(command_id: &str, line: &str) -> Result<Value, StoreError> {
-    let mut entry: Value = serde_json::from_str(line).map_err(|e| {
-        StoreError::Corrupt(format!(
-            "stored chain entry for {command_id:?} is not valid JSON: {e}"
-        ))
-    })?;
-    let receipt = entry
-        .get_mut("body")
-        .and_then(|b| b.get_mut("receipt"))
+    let receipt = entry_body(line)
+        .map_err(|e| {
+            StoreError::Corrupt(format!(
+                "stored chain entry for {command_id:?} is not valid JSON: {e}"
+            ))
+        })?
+        .get_mut("receipt")
         .map(Value::take)
         .unwrap_or(Value::Null);
     if receipt.get("command_id").and_then(Value::as_str) != Some(command_id) {
@@ -214,15 +222,11 @@ pub(crate) fn invocation_from_entry(
     invocation_id: &str,
     line: &str,
 ) -> Result<crate::EventBody, StoreError> {
-    let mut entry: Value = serde_json::from_str(line).map_err(|e| {
+    let body = entry_body(line).map_err(|e| {
         StoreError::Corrupt(format!(
             "stored chain entry for invocation {invocation_id:?} is not valid JSON: {e}"
         ))
     })?;
-    let body = entry
-        .get_mut("body")
-        .map(Value::take)
-        .unwrap_or(Value::Null);
     if body.get("invocation_id").and_then(Value::as_str) != Some(invocation_id) {
         return Err(StoreError::Corrupt(format!(
             "the chain entry indexed for invocation {invocation_id:?} does not hold its record"

@@ -47,6 +47,12 @@ enum StoredInvocation {
 }
 
 impl State {
+    /// The stored text of entry `seq` (1-based), if the chain has it.
+    fn line(&self, seq: u64) -> Option<&str> {
+        let i = usize::try_from(seq.checked_sub(1)?).ok()?;
+        self.events.get(i).map(|(_, line)| line.as_str())
+    }
+
     fn head(&self) -> (u64, &str) {
         match self.events.last() {
             Some((hash, _)) => (self.events.len() as u64, hash.as_str()),
@@ -249,15 +255,9 @@ impl Store for MemoryStore {
         else {
             return Ok(None);
         };
-        let line = r
-            .seq
-            .checked_sub(1)
-            .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| st.events.get(i))
-            .map(|(_, line)| line.as_str())
-            .ok_or_else(|| {
-                StoreError::Corrupt(format!("no entry {} for command_id {command_id:?}", r.seq))
-            })?;
+        let line = st.line(r.seq).ok_or_else(|| {
+            StoreError::Corrupt(format!("no entry {} for command_id {command_id:?}", r.seq))
+        })?;
         Ok(Some(ReceiptRow {
             command_id: r.command_id.clone(),
             input_digest: r.input_digest.clone(),
@@ -309,16 +309,9 @@ impl Store for MemoryStore {
                 info.into()
             }
             Some(StoredInvocation::Entry(seq)) => {
-                let line = seq
-                    .checked_sub(1)
-                    .and_then(|i| usize::try_from(i).ok())
-                    .and_then(|i| st.events.get(i))
-                    .map(|(_, line)| line.as_str())
-                    .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "no entry {seq} for invocation {invocation_id:?}"
-                        ))
-                    })?;
+                let line = st.line(*seq).ok_or_else(|| {
+                    StoreError::Corrupt(format!("no entry {seq} for invocation {invocation_id:?}"))
+                })?;
                 crate::chain::invocation_from_entry(invocation_id, line)?
             }
         };

@@ -9,16 +9,15 @@ use tether_store::{MemoryStore, Store};
 
 /// A kernel over the built-in simulated cell and an in-memory store.
 pub fn builtin_kernel() -> Kernel {
+    builtin_kernel_on(Arc::new(MemoryStore::new()))
+}
+
+/// A kernel over the built-in simulated cell and `store`.
+pub fn builtin_kernel_on(store: Arc<dyn Store>) -> Kernel {
     let cell = load(&tether_drivers::builtin_cell(), None).expect("cell");
     let drivers =
         tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    Kernel::new(
-        KernelConfig::standard("t"),
-        cell,
-        drivers,
-        Arc::new(MemoryStore::new()),
-    )
-    .expect("kernel")
+    Kernel::new(KernelConfig::standard("t"), cell, drivers, store).expect("kernel")
 }
 
 /// A kernel serving one device from manifest text, with the given driver.

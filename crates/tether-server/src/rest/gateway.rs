@@ -414,7 +414,7 @@ impl Gateway {
             p.clone(),
             kind,
             req,
-            (cancel.clone(), hooks, rider.clone()),
+            (cancel.clone(), hooks),
             inv_id.clone(),
         ));
         // Answer 202 once the command has passed steps 2-11 (it goes on to
@@ -545,9 +545,10 @@ impl Gateway {
         p: Principal,
         kind: ToolKind,
         req: CommandRequest,
-        (cancel, hooks, rider): (CancelToken, Hooks, Rider),
+        (cancel, hooks): (CancelToken, Hooks),
         inv_id: String,
     ) -> Option<Value> {
+        let rider = hooks.rider.clone();
         let answer = if kind == ToolKind::Write {
             self.kernel.write_answer(&p, req, cancel, hooks).await
         } else {
@@ -556,7 +557,9 @@ impl Gateway {
         // A command answered without any commit of its own (a replay, a
         // protocol error) leaves the record to be written here, before the
         // record of how it ended.
-        rider.submit_alone(self.kernel.store().as_ref());
+        if let Some(rider) = rider {
+            rider.submit_alone(self.kernel.store().as_ref());
+        }
         let outcome = match answer {
             Ok(receipt) => Outcome::receipt(receipt),
             Err(e) => Outcome::Error(api_error_json(&e)),
