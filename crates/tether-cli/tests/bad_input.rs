@@ -322,3 +322,52 @@ fn estop_sent_as_a_notification_latches_without_an_answer_over_http() {
     assert_eq!(s.status_of("arm-1")["latched"], true);
     assert_eq!(s.status_of("relay-1")["latched"], false);
 }
+
+#[test]
+fn estop_notification_with_a_defective_envelope_latches_without_an_answer() {
+    let s = Server::http();
+    let body = br#"{"jsonrpc":"1.0","method":"mhs.safety.estop","params":{"device_id":"arm-1"}}"#;
+    let resp = common::http_post(s.addr(), body, common::TIMEOUT);
+    assert_eq!(resp.status, 204, "{}", resp.text());
+    assert!(resp.body.is_empty(), "{}", resp.text());
+    assert_eq!(s.status_of("arm-1")["latched"], true);
+}
+
+#[test]
+fn estop_with_a_device_id_of_the_wrong_type_stops_every_device_and_answers_the_defect() {
+    let s = Server::http();
+    let answer = s.call(
+        "mhs.safety.estop",
+        json!({"device_id": 5, "reason": "typed wrong"}),
+    );
+    let details = assert_rpc_error(&answer["error"], "MHS.PROTOCOL.INVALID_PARAMS");
+    assert_eq!(details["estop_served"], true, "{answer}");
+    for device in ["thermostat-1", "arm-1", "relay-1"] {
+        let st = s.status_of(device);
+        assert_eq!(st["latched"], true, "{device}: {st}");
+    }
+    let reason = s.status_of("relay-1")["latch"]["reason"].to_string();
+    assert!(
+        reason.contains("typed wrong") && reason.contains("device_id"),
+        "the defect is recorded in the latch's reason: {reason}"
+    );
+}
+
+#[test]
+fn an_integral_number_written_as_a_float_reaches_the_driver_as_an_integer() {
+    let s = Server::http();
+    let sid = s.session();
+    // JSON Schema's `integer` admits 2.0; the driver must never fail what
+    // the kernel admitted.
+    let r = s.command(json!({"session_id": sid, "device_id": "relay-1", "capability_id": "cap.io.relay.v1", "input": {"channel": 2.0, "on": true}, "command_id": "relay-float-1"}));
+    assert_eq!(r["status"], "completed", "{r}");
+    let state = s.call(
+        "mhs.resource.read",
+        json!({"session_id": sid, "device_id": "relay-1", "resource": "bank"}),
+    );
+    let channels = &state["result"]["state"]["channels"];
+    assert_eq!(channels[2], true, "{state}");
+    // The same id with `2` is the same input (RFC 8785): a replay.
+    let again = s.command(json!({"session_id": sid, "device_id": "relay-1", "capability_id": "cap.io.relay.v1", "input": {"channel": 2, "on": true}, "command_id": "relay-float-1"}));
+    assert_eq!(again["replayed"], true, "{again}");
+}

@@ -197,7 +197,14 @@ fn tampering_with_an_exported_chain_is_detected_and_located() {
     let intact = work.path().join("chain.jsonl");
     write_lines(&intact, &lines);
     let n = intact_entries(&verify_file(&intact));
-    assert_eq!(n, lines.len() as u64, "every exported entry verifies");
+    assert_eq!(
+        n,
+        lines.len() as u64 - 1,
+        "every exported entry verifies; the last line is the export's seal"
+    );
+    let seal: Value = serde_json::from_slice(&lines[lines.len() - 1]).expect("seal");
+    assert_eq!(seal["kind"], "audit.export.seal", "{seal}");
+    assert_eq!(seal["body"]["entries"], n, "{seal}");
 
     let mid = lines.len() / 2; // 0-based index of a middle line; its line number is mid + 1
 
@@ -232,6 +239,17 @@ fn tampering_with_an_exported_chain_is_detected_and_located() {
     let fc = work.path().join("swapped.jsonl");
     write_lines(&fc, &c);
     assert_broken_at(&verify_file(&fc), mid + 1, "swapped lines");
+
+    // (d) lines cut from the end: the last entry, or the seal with it.
+    let last = lines.len() - 1;
+    let mut d = lines.clone();
+    d.remove(last - 1);
+    let fd = work.path().join("last-entry.jsonl");
+    write_lines(&fd, &d);
+    assert_broken_at(&verify_file(&fd), last, "last entry removed");
+    let fe = work.path().join("truncated.jsonl");
+    write_lines(&fe, &lines[..last - 1]);
+    assert_broken_at(&verify_file(&fe), last, "cut short");
 
     // The untouched export still verifies.
     assert_eq!(intact_entries(&verify_file(&intact)), n);

@@ -440,6 +440,28 @@ fn the_estop_tool_latches_and_later_actions_are_locked() {
 }
 
 #[test]
+fn an_estop_with_unusable_input_stops_every_device_and_answers_the_defect() {
+    for input in [
+        json!({"bogus": 1}),
+        json!({"device_id": 5}),
+        json!({"device_id": "relay-1", "reason": ["x"]}),
+        json!(["relay-1"]),
+    ] {
+        let s = Server::http();
+        let e = err(
+            invoke(&s, "estop", json!({ "input": input })),
+            422,
+            "MHS.CAPABILITY.INPUT_INVALID",
+        );
+        assert_eq!(e["details"]["estop_served"], true, "{input}: {e}");
+        assert!(e["details"]["receipt"].is_object(), "{input}: {e}");
+        for device in ["thermostat-1", "arm-1", "relay-1"] {
+            assert_eq!(s.status_of(device)["latched"], true, "{input}: {device}");
+        }
+    }
+}
+
+#[test]
 fn malformed_oversized_and_unknown_bodies_are_refused_with_the_envelope() {
     let s = Server::http();
     let path = "/tools/thermostat-1__setpoint:invoke";
@@ -700,6 +722,20 @@ fn an_invocation_is_retained_across_a_restart_and_a_lost_one_reads_unknown() {
         200,
     );
     assert_eq!(cancel["cancel_delivered"], false);
+    // Its end proves nothing about the arm, so a stop asked for it still
+    // runs the device's stop; one asked for a completed invocation declines.
+    let stop = ok(
+        post(&s, &format!("/invocations/{lost}/stop"), json!({})),
+        200,
+    );
+    assert_eq!(stop["stop_delivered"], true, "{stop}");
+    assert_eq!(stop["stop_receipt"]["status"], "completed", "{stop}");
+    let late = ok(
+        post(&s, &format!("/invocations/{done}/stop"), json!({})),
+        200,
+    );
+    assert_eq!(late["stop_delivered"], false, "{late}");
+    assert_eq!(late["reason"], "already_finished", "{late}");
 }
 
 /// Property-based API test: schemathesis (pinned in tests/rest/requirements.txt,

@@ -122,7 +122,7 @@ registry! {
     DeviceUnknown => ("MHS.DEVICE.UNKNOWN", -32020, false, Command, "No device with this id is served by the endpoint."),
     DeviceBusy => ("MHS.DEVICE.BUSY", -32021, true, Command, "The device is held by another exclusive operation; nothing was dispatched."),
     DeviceUnavailable => ("MHS.DEVICE.UNAVAILABLE", -32022, true, Command, "The driver cannot reach the device right now."),
-    CapabilityUnknown => ("MHS.CAPABILITY.UNKNOWN", -32030, false, Command, "The capability id is neither catalogued nor bound on the device."),
+    CapabilityUnknown => ("MHS.CAPABILITY.UNKNOWN", -32030, false, Command, "The capability id is not catalogued, or the device binds that class to none of its resources."),
     CapabilityNotBound => ("MHS.CAPABILITY.NOT_BOUND", -32031, false, Command, "The capability is not bound to that resource of the device; details.bound_resources lists where it is."),
     CapabilityInputInvalid => ("MHS.CAPABILITY.INPUT_INVALID", -32032, false, Command, "The input does not match the binding's served schema."),
     ResourceUnknown => ("MHS.RESOURCE.UNKNOWN", -32040, false, Command, "The device has no such resource."),

@@ -8,8 +8,12 @@
 //! `crates/tether-drivers/tests/ui/` holds the compile-fail tests that keep
 //! this true.
 
-use serde_json::Value;
+use serde_json::{Number, Value};
 use std::time::Instant;
+
+/// Deepest nesting [`integral_numbers_as_integers`] walks; the surfaces refuse
+/// inputs nested deeper than 64 long before they reach the kernel.
+const NORMALISE_DEPTH_MAX: usize = 128;
 
 /// What kind of driver call the witness allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +58,11 @@ impl Authorized {
             capability_id: capability_id.to_owned(),
             resource: resource.to_owned(),
             target: target.to_owned(),
-            input,
+            input: {
+                let mut input = input;
+                integral_numbers_as_integers(&mut input, 0);
+                input
+            },
             command_id: command_id.to_owned(),
             kind,
             deadline,
@@ -92,5 +100,66 @@ impl Authorized {
     /// When the caller stops waiting.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+}
+
+/// JSON has one kind of number: `2.0` and `2` are the same value, JSON Schema's
+/// `integer` accepts both, and RFC 8785 writes both as `2` (so they share an
+/// input digest). Drivers read integers with `as_u64` / `as_i64`, which refuse
+/// `2.0`; so the kernel hands a driver every integral number in integer form,
+/// and a driver never fails an input the kernel's checks admitted.
+fn integral_numbers_as_integers(v: &mut Value, depth: usize) {
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(i) = n.as_f64().and_then(exact_integer) {
+                *n = i;
+            }
+        }
+        Value::Array(items) if depth < NORMALISE_DEPTH_MAX => {
+            for item in items {
+                integral_numbers_as_integers(item, depth + 1);
+            }
+        }
+        Value::Object(members) if depth < NORMALISE_DEPTH_MAX => {
+            for item in members.values_mut() {
+                integral_numbers_as_integers(item, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `f` as an integer number when it is one exactly (|f| ≤ 2^53, so every such
+/// integer is represented without rounding).
+fn exact_integer(f: f64) -> Option<Number> {
+    const EXACT_MAX: f64 = 9_007_199_254_740_992.0; // 2^53
+    if !f.is_finite() || f.fract() != 0.0 || f.abs() > EXACT_MAX {
+        return None;
+    }
+    // Both casts are exact: `f` is integral and within ±2^53.
+    if f >= 0.0 {
+        Some(Number::from(f as u64))
+    } else {
+        Some(Number::from(f as i64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn integral_numbers_reach_drivers_as_integers() {
+        let mut v = json!({"channel": 2.0, "on": true, "a": [1e0, -3.0, 0.5, -0.0], "n": {"x": 1e300, "y": 7}});
+        integral_numbers_as_integers(&mut v, 0);
+        assert_eq!(v["channel"].as_u64(), Some(2));
+        assert_eq!(v["a"][0].as_u64(), Some(1));
+        assert_eq!(v["a"][1].as_i64(), Some(-3));
+        assert_eq!(v["a"][2].as_f64(), Some(0.5));
+        assert_eq!(v["a"][3].as_u64(), Some(0));
+        assert!(v["n"]["x"].is_f64(), "beyond 2^53 stays as it was");
+        assert_eq!(v["n"]["y"].as_u64(), Some(7));
+        assert_eq!(v["on"], json!(true));
     }
 }

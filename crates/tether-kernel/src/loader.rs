@@ -208,14 +208,18 @@ pub fn load(
                 continue;
             }
         };
-        if let Some(first) = seen.insert(manifest.device_id.clone(), src.origin.clone()) {
+        // A second manifest with the same id is a defect, but its body is
+        // still checked so `tether check` prints every defect at once.
+        let first_origin = seen.get(&manifest.device_id).cloned();
+        if let Some(first) = &first_origin {
             defects.push(Defect {
                 file: src.origin.clone(),
                 device: manifest.device_id.clone(),
                 field: "device_id".into(),
                 message: format!("device id already declared in {first}"),
             });
-            continue;
+        } else {
+            seen.insert(manifest.device_id.clone(), src.origin.clone());
         }
         let dev_overlay = overlay_map.get(&manifest.device_id);
         let mut ctx = Ctx {
@@ -225,7 +229,7 @@ pub fn load(
         };
         let spec = resolve_device(&mut ctx, manifest, src, dev_overlay, &overlay_origin);
         defects.append(&mut ctx.defects);
-        if let Some(spec) = spec {
+        if let (Some(spec), None) = (spec, first_origin) {
             cell.devices.push(spec);
         }
     }

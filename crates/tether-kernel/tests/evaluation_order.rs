@@ -626,6 +626,37 @@ fn defects(text: &str, overlay: Option<&str>) -> String {
 }
 
 #[test]
+fn a_duplicate_device_id_does_not_hide_that_manifests_other_defects() {
+    let low = MANIFEST.replace("risk_class = \"R2\"", "risk_class = \"R0\"");
+    let src = vec![
+        ManifestSource {
+            origin: "first.toml".into(),
+            text: MANIFEST.into(),
+        },
+        ManifestSource {
+            origin: "second.toml".into(),
+            text: low,
+        },
+    ];
+    let msg = match load(&src, None) {
+        Ok(_) => panic!("a duplicate device id must refuse the cell"),
+        Err(d) => d
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    assert!(
+        msg.contains("second.toml") && msg.contains("already declared in first.toml"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("risk_class") && msg.contains("below the floor"),
+        "the second manifest's own defects are reported too: {msg}"
+    );
+}
+
+#[test]
 fn manifest_defects_name_the_file_the_device_and_the_field() {
     let twice = MANIFEST.replace("[[bindings]]\ncapability_id = \"cap.state.read.v1\"\nresource = \"main\"", "[[bindings]]\ncapability_id = \"cap.state.read.v1\"\nresource = \"main\"\n[[bindings]]\ncapability_id = \"cap.state.read.v1\"\nresource = \"main\"");
     let msg = defects(&twice, None);

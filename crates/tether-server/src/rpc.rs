@@ -247,7 +247,9 @@ async fn handle_object(
     if let Some((reason, message)) = envelope_defect(&obj) {
         if estop_target(&obj) {
             let receipt = serve_malformed_estop(kernel, principal, &obj, &message).await;
-            if reason == "notification" {
+            // An e-stop sent as a notification (no id at all) is never
+            // answered, whatever else is wrong with its envelope.
+            if reason == "notification" || !obj.contains_key("id") {
                 return None;
             }
             return Some(Reply::error(
@@ -556,11 +558,64 @@ fn estop_request(
 /// Serves a well-formed e-stop. A well-formed but unknown device id stops
 /// nothing and is `MHS.DEVICE.UNKNOWN`.
 async fn serve_estop(kernel: &Kernel, p: &Principal, params: &Value) -> Result<Value, ApiError> {
+    if let Some(defect) = estop_params_defect(params) {
+        return Err(serve_estop_with_defective_params(kernel, p, params, defect).await);
+    }
     let (req, error) = estop_request(p, params, kernel);
     match error {
         Some(e) if req.device_ids.is_empty() => Err(e),
         _ => Ok(kernel.estop(req).await),
     }
+}
+
+/// A member of e-stop params that is present but cannot be used: the request
+/// is still an e-stop (recognised by its method), so it is served — but on
+/// every device, since which one it meant is unknown.
+pub(crate) fn estop_params_defect(params: &Value) -> Option<String> {
+    let not_string = |name: &str| params.get(name).is_some_and(|v| !v.is_string());
+    for name in ["device_id", "reason", "session_id"] {
+        if not_string(name) {
+            return Some(format!("`{name}` must be a string"));
+        }
+    }
+    match params.get("device_ids") {
+        Some(Value::Array(ids)) if ids.iter().all(Value::is_string) => None,
+        Some(_) => Some("`device_ids` must be an array of strings".into()),
+        None => None,
+    }
+}
+
+/// Latches every device for an e-stop whose params are defective, recording
+/// the defect in the latch's reason, and answers the defect's error with
+/// `estop_served` and the receipt.
+async fn serve_estop_with_defective_params(
+    kernel: &Kernel,
+    p: &Principal,
+    params: &Value,
+    defect: String,
+) -> ApiError {
+    let reason = params
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("e-stop")
+        .chars()
+        .take(512)
+        .collect::<String>();
+    let receipt = kernel
+        .estop(EstopRequest {
+            device_ids: Vec::new(),
+            reason,
+            envelope_defect: Some(defect.clone()),
+            requested_by: Some(p.clone()),
+            session_id: None,
+            deadline: None,
+        })
+        .await;
+    ApiError::new(
+        Code::ProtocolInvalidParams,
+        format!("invalid e-stop params: {defect}; every device was stopped"),
+        json!({"reason": "params_invalid", "message": defect, "estop_served": true, "receipt": receipt}),
+    )
 }
 
 /// Routes one method. Commands and writes answer with the kernel's

@@ -358,15 +358,15 @@ impl Store for MemoryStore {
     fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
         // Copy the lines out first so a slow writer never holds the lock the
         // writer thread needs.
-        let lines: Vec<String> = lock(&self.state)
-            .events
-            .iter()
-            .map(|(_, l)| l.clone())
-            .collect();
-        for line in &lines {
+        let lines: Vec<(String, String)> = lock(&self.state).events.clone();
+        for (_, line) in &lines {
             out.write_all(line.as_bytes())?;
             out.write_all(b"\n")?;
         }
+        let head_hash = lines
+            .last()
+            .map_or(crate::chain::GENESIS_PREV_HASH, |(hash, _)| hash.as_str());
+        crate::verify::write_export_seal(out, lines.len() as u64, head_hash)?;
         out.flush()?;
         Ok(lines.len() as u64)
     }

@@ -386,6 +386,7 @@ fn load_head(conn: &Connection) -> Result<Head, StoreError> {
         )
         .optional()?;
     let Some((seq, hash, line)) = row else {
+        check_recorded_head(conn, 0, GENESIS_PREV_HASH)?;
         return Ok(Head {
             seq: 0,
             hash: GENESIS_PREV_HASH.to_string(),
@@ -404,7 +405,50 @@ fn load_head(conn: &Connection) -> Result<Head, StoreError> {
             link.seq, link.hash
         )));
     }
+    check_recorded_head(conn, seq, &hash)?;
     Ok(Head { seq, hash })
+}
+
+/// The head recorded in `meta` (`None` for a store written before it was kept).
+pub(crate) fn recorded_head(conn: &Connection) -> Result<Option<(u64, String)>, StoreError> {
+    let value: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'chain_head'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let parsed = value
+        .split_once(' ')
+        .and_then(|(seq, hash)| Some((seq.parse::<u64>().ok()?, hash.to_owned())));
+    match parsed {
+        Some(head) => Ok(Some(head)),
+        None => Err(StoreError::Corrupt(format!(
+            "the recorded chain head {value:?} is not `SEQ HASH`"
+        ))),
+    }
+}
+
+/// The events table must reach the head recorded with its last batch: an
+/// events table that ends earlier lost entries from its end. (It may end
+/// later: a process of an older version appended without recording.)
+pub(crate) fn check_recorded_head(
+    conn: &Connection,
+    seq: u64,
+    hash: &str,
+) -> Result<(), StoreError> {
+    match recorded_head(conn)? {
+        Some((recorded, _)) if recorded > seq => Err(StoreError::Corrupt(format!(
+            "entries were removed from the end of the evidence chain: the store recorded its head at seq {recorded}, the events table ends at seq {seq}"
+        ))),
+        Some((recorded, recorded_hash)) if recorded == seq && recorded_hash != hash => {
+            Err(StoreError::Corrupt(format!(
+                "the chain head (seq {seq}) is not the entry the store recorded there"
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 struct SqliteBackend {
@@ -484,7 +528,26 @@ impl SqliteBackend {
             }
         }
         self.write_batch_revisions()?;
+        self.record_head()?;
         self.conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(())
+    }
+
+    /// Keeps the chain's head (seq and hash) in `meta`, in the same
+    /// transaction as the entries: a hash chain cannot show that entries were
+    /// cut from its end, so the head recorded beside it is what lets start-up
+    /// and `audit verify` notice a shortened chain.
+    fn record_head(&mut self) -> Result<(), StoreError> {
+        let head = &self.chain.head;
+        if head.seq == 0 {
+            return Ok(());
+        }
+        self.conn
+            .prepare_cached(
+                "INSERT INTO meta(key, value) VALUES ('chain_head', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([format!("{} {}", head.seq, head.hash)])?;
         Ok(())
     }
 
@@ -922,7 +985,9 @@ impl Store for SqliteStore {
     fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
         // Export up to the head as of now; entries appended meanwhile are left
         // for the next export, which also bounds the loop.
-        let Some((head, _)) = self.chain_head()? else {
+        let Some((head, head_hash)) = self.chain_head()? else {
+            crate::verify::write_export_seal(out, 0, GENESIS_PREV_HASH)?;
+            out.flush()?;
             return Ok(0);
         };
         let head = seq_to_db(head)?;
@@ -953,6 +1018,7 @@ impl Store for SqliteStore {
             }
             after = last;
         }
+        crate::verify::write_export_seal(out, count, &head_hash)?;
         out.flush()?;
         Ok(count)
     }

@@ -8,11 +8,45 @@
 //! first entry failing any of these is reported and checking stops there.
 
 use crate::chain::{check_entry_text, GENESIS_PREV_HASH, MAX_ENTRY_BYTES};
-use crate::sqlite::{DB_FILE_NAME, PAGE_ROWS};
+use crate::sqlite::{recorded_head, DB_FILE_NAME, PAGE_ROWS};
 use crate::StoreError;
 use rusqlite::{params, Connection, OpenFlags};
 use std::io::{BufRead, Read};
 use std::path::Path;
+
+/// The kind of the line that closes every export.
+pub const EXPORT_SEAL_KIND: &str = "audit.export.seal";
+
+/// Writes the line that closes an export of `entries` entries whose last hash
+/// is `head_hash`: an entry-shaped line (it continues the chain, so any
+/// reader that checks links and hashes accepts it) of kind
+/// [`EXPORT_SEAL_KIND`] that is not stored in the chain. A hash chain cannot
+/// show lines cut from its end; a file that does not end with the seal of
+/// its own length can.
+pub(crate) fn write_export_seal(
+    out: &mut dyn std::io::Write,
+    entries: u64,
+    head_hash: &str,
+) -> std::io::Result<()> {
+    let body = crate::canonical::to_canonical_string(&serde_json::json!({
+        "entries": entries,
+        "note": "closes an export of the evidence chain; not an entry of the store",
+    }));
+    let ts_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let sealed = crate::chain::seal(
+        entries + 1,
+        ts_ms,
+        &crate::chain::kind_json(EXPORT_SEAL_KIND),
+        &body,
+        head_hash,
+        &mut String::new(),
+    );
+    out.write_all(sealed.line.as_bytes())?;
+    out.write_all(b"\n")
+}
 
 /// Outcome of a verification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,12 +191,15 @@ impl ChainVerifier {
 }
 
 /// Verify a JSON Lines export. Lines end with `\n` (a `\r\n` ending is
-/// accepted); the last line may lack its terminator. An empty input is an
-/// intact, empty chain.
+/// accepted); the last line may lack its terminator. The last line must be
+/// the export's seal ([`EXPORT_SEAL_KIND`]) stating how many entries precede
+/// it, so a file shortened at its end (or empty) is broken; the report counts
+/// the entries, not the seal.
 pub fn verify_jsonl(r: impl BufRead) -> VerifyReport {
     let mut r = r;
     let mut v = ChainVerifier::new();
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut pending_seal: Option<u64> = None;
     // Each pass consumes at least one byte or ends the loop, and a line is
     // read through a `take` so no line can grow the buffer without bound.
     loop {
@@ -186,11 +223,49 @@ pub fn verify_jsonl(r: impl BufRead) -> VerifyReport {
             v.fail_next(format!("line longer than {MAX_ENTRY_BYTES} bytes"));
             break;
         }
+        if pending_seal.is_some() {
+            // The seal closes the export: a line after it is not part of it.
+            v.fail_next("a line follows the export's closing seal");
+            break;
+        }
         if !v.push_line(&buf) {
             break;
         }
+        pending_seal = seal_entries(&buf);
     }
-    v.report()
+    let mut report = v.report();
+    if !report.ok {
+        return report;
+    }
+    match pending_seal {
+        Some(n) if n + 1 == report.entries => {
+            report.entries = n;
+            report
+        }
+        Some(n) => {
+            v.fail_next(format!(
+                "the export's seal counts {n} entries, the file holds {}",
+                report.entries.saturating_sub(1)
+            ));
+            v.report()
+        }
+        None => {
+            v.fail_next(format!(
+                "the export's closing seal is missing after entry {}: entries were cut from its end, or this is not a whole export",
+                report.entries
+            ));
+            v.report()
+        }
+    }
+}
+
+/// The entry count a seal line states, or `None` for any other entry.
+fn seal_entries(line: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(line).ok()?;
+    if v.get("kind").and_then(serde_json::Value::as_str) != Some(EXPORT_SEAL_KIND) {
+        return None;
+    }
+    v.get("body")?.get("entries")?.as_u64()
 }
 
 /// Verify the chain stored in the state directory `dir` (its `tether.db`),
@@ -223,8 +298,13 @@ pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
         )));
     }
     // Verify up to the head as of now: bounds the loop even while a live
-    // endpoint keeps appending.
+    // endpoint keeps appending. The head, the one the store recorded and the
+    // highest seq its indexes name are read in one snapshot.
+    conn.execute_batch("BEGIN")?;
     let head: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+    let recorded = recorded_head(&conn)?;
+    let indexed = highest_indexed_seq(&conn)?;
+    conn.execute_batch("COMMIT")?;
     let mut v = ChainVerifier::new();
     let mut st = conn.prepare(
         "SELECT seq, hash, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
@@ -253,7 +333,72 @@ pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
             None => break,
         }
     }
+    if v.report().ok {
+        check_nothing_cut_from_the_end(&mut v, recorded, indexed);
+    }
     Ok(v.report())
+}
+
+/// A hash chain cannot show entries cut from its end; the head the store
+/// recorded with its last batch, and the entries its indexes point at, can.
+fn check_nothing_cut_from_the_end(
+    v: &mut ChainVerifier,
+    recorded: Option<(u64, String)>,
+    indexed: Option<(u64, &'static str)>,
+) {
+    let last = v.report().entries;
+    if let Some((seq, hash)) = recorded {
+        if seq > last {
+            return v.fail_next(format!(
+                "entries removed from the end: the store recorded its head at seq {seq}, the chain ends at seq {last}"
+            ));
+        }
+        if seq == last && hash != v.head_hash() {
+            return v.fail_next(format!(
+                "the last entry (seq {seq}) is not the one the store recorded as its head"
+            ));
+        }
+    }
+    if let Some((seq, table)) = indexed {
+        if seq > last {
+            v.fail_next(format!(
+                "entries removed from the end: the {table} index names seq {seq}, the chain ends at seq {last}"
+            ));
+        }
+    }
+}
+
+/// The highest entry seq any index names (receipts, REST invocations,
+/// approvals), with the index's name. Tables a store of an older schema lacks
+/// are skipped.
+fn highest_indexed_seq(conn: &Connection) -> Result<Option<(u64, &'static str)>, StoreError> {
+    let mut best: Option<(u64, &'static str)> = None;
+    for (table, sql) in [
+        ("receipts", "SELECT MAX(seq) FROM receipts"),
+        ("invocations", "SELECT MAX(seq) FROM invocations"),
+        ("approvals", "SELECT MAX(created_seq) FROM approvals"),
+    ] {
+        let exists: bool = conn.query_row(
+            "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+            [table],
+            |r| r.get(0),
+        )?;
+        if !exists {
+            continue;
+        }
+        let max: Option<i64> = match conn.query_row(sql, [], |r| r.get(0)) {
+            Ok(m) => m,
+            // An older `invocations` table has no seq column: nothing indexed.
+            Err(rusqlite::Error::SqliteFailure(..)) if table == "invocations" => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(seq) = max.and_then(|m| u64::try_from(m).ok()) {
+            if best.is_none_or(|(b, _)| seq > b) {
+                best = Some((seq, table));
+            }
+        }
+    }
+    Ok(best)
 }
 
 #[cfg(test)]
@@ -261,8 +406,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn empty_input_is_ok() {
+    fn an_empty_file_is_not_an_export() {
         let r = verify_jsonl(&b""[..]);
+        assert!(!r.ok);
+        let b = r.first_broken.expect("broken");
+        assert!(b.reason.contains("seal is missing"), "{}", b.reason);
+    }
+
+    #[test]
+    fn the_export_of_an_empty_chain_is_its_seal() {
+        let mut out = Vec::new();
+        write_export_seal(&mut out, 0, GENESIS_PREV_HASH).expect("write");
+        let r = verify_jsonl(&out[..]);
         assert_eq!(
             r,
             VerifyReport {

@@ -64,11 +64,69 @@ fn intact_chain_verifies() {
 }
 
 #[test]
-fn empty_file_is_ok() {
+fn an_empty_file_or_one_cut_short_is_broken() {
     let r = verify_jsonl(&b""[..]);
-    assert!(r.ok);
-    assert_eq!(r.entries, 0);
-    assert!(r.first_broken.is_none());
+    assert!(!r.ok, "an empty file is not an export");
+    let lines = exported_chain();
+    assert_eq!(lines.len(), 25, "24 entries and the export's seal");
+    assert!(lines[24].contains("\"kind\":\"audit.export.seal\""));
+    // Cut 1, 2 or 24 lines from the end: the seal is gone, or no longer last.
+    for cut in [1, 2, 24] {
+        let r = verify_jsonl(&join(&lines[..25 - cut])[..]);
+        assert!(!r.ok, "cut {cut}");
+        let b = r.first_broken.expect("broken");
+        assert!(
+            b.reason.contains("seal is missing"),
+            "cut {cut}: {}",
+            b.reason
+        );
+        assert_eq!(r.entries, (25 - cut) as u64);
+    }
+    // The last entry removed with the seal kept: the seal no longer links.
+    let mut kept = lines[..23].to_vec();
+    kept.push(lines[24].clone());
+    let r = verify_jsonl(&join(&kept)[..]);
+    assert!(!r.ok);
+    // A line after the seal.
+    let mut after = lines.to_vec();
+    after.push(lines[0].clone());
+    let b = verify_jsonl(&join(&after)[..])
+        .first_broken
+        .expect("broken");
+    assert!(
+        b.reason.contains("follows the export's closing seal"),
+        "{}",
+        b.reason
+    );
+}
+
+#[test]
+fn a_store_cut_at_its_end_is_refused_by_verify_and_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = SqliteStore::open(dir.path()).expect("open");
+        for i in 0..20u64 {
+            let c = Commit {
+                events: vec![event("tick", json!({"i": i}))],
+                ..Commit::default()
+            };
+            store.commit_blocking(c).expect("commit");
+        }
+    }
+    assert!(verify_store(dir.path()).expect("verify").ok);
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    db.execute("DELETE FROM events WHERE seq >= 18", [])
+        .expect("cut the tail");
+    drop(db);
+    let r = verify_store(dir.path()).expect("verify");
+    assert!(!r.ok);
+    assert_eq!(r.entries, 17);
+    let b = r.first_broken.expect("broken");
+    assert!(b.reason.contains("removed from the end"), "{}", b.reason);
+    let Err(err) = SqliteStore::open(dir.path()) else {
+        panic!("a store cut at its end must be refused at open");
+    };
+    assert!(err.to_string().contains("removed from the end"), "{err}");
 }
 
 #[test]

@@ -234,7 +234,19 @@ impl Gateway {
                 .deadline_ms
                 .filter(|ms| (1..=DEADLINE_MS_MAX).contains(ms))
                 .map(Duration::from_millis);
-            let input = body.input.filter(Value::is_object).unwrap_or(json!({}));
+            let input = body.input.unwrap_or_else(|| json!({}));
+            if let Some(defect) = estop_input_defect(&input) {
+                // A defective e-stop still stops, every device: which one it
+                // meant is unknown. The answer is the defect's error.
+                let receipt = self.estop_malformed(p, &defect).await;
+                // The same code as any tool's input that does not match
+                // its schema (422), with the stop's receipt.
+                return Err(RestError::new(
+                    Code::CapabilityInputInvalid,
+                    format!("estop input: {defect}; every device was stopped"),
+                    json!({"reason": "input_invalid", "message": defect, "estop_served": true, "receipt": receipt}),
+                ));
+            }
             return self.estop(p, input, deadline).await;
         }
         let input = body.input.unwrap_or_else(|| json!({}));
@@ -723,7 +735,11 @@ impl Gateway {
             .map_err(|_| internal("invocation table"))?
             .get(inv_id)
             .is_some_and(Invocation::pending);
-        if !pending {
+        // An `unknown` outcome proves nothing about the device (the endpoint
+        // lost track of the call, e.g. a crash mid-motion), so a stop asked
+        // for it still runs the device's stop; only a known end declines.
+        let outcome_unknown = record.status == "unknown";
+        if !pending && !outcome_unknown {
             return Ok((
                 StatusCode::OK,
                 json!({"invocation_id": inv_id, "stop_delivered": false, "reason": "already_finished", "status": record.status}).into(),
@@ -770,6 +786,21 @@ impl Gateway {
                 && catalogue::class(&t.capability_id).is_some_and(|c| c.flags.stop_class)
         })
     }
+}
+
+/// What makes an e-stop tool input unusable: not an object, a member the tool
+/// does not declare, or a declared member of the wrong type.
+fn estop_input_defect(input: &Value) -> Option<String> {
+    let Some(members) = input.as_object() else {
+        return Some("input must be a JSON object".into());
+    };
+    if let Some(name) = members
+        .keys()
+        .find(|k| !matches!(k.as_str(), "device_id" | "reason"))
+    {
+        return Some(format!("unknown member `{name}`"));
+    }
+    crate::rpc::estop_params_defect(input)
 }
 
 /// The e-stop is served before this match; kept total without a panic.
