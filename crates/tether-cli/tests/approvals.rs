@@ -284,6 +284,56 @@ fn quorum_of_two_distinct_operators_then_resume_by_command_id() {
     );
 }
 
+/// A setpoint sent without a command id of its own, as MCP tools send them.
+fn setpoint_without_id(s: &Server, token: &str, sid: &str, t: f64) -> Value {
+    ok(
+        s,
+        token,
+        "mhs.command",
+        json!({"session_id": sid, "device_id": "thermostat-1", "capability_id": "cap.thermal.setpoint.v1", "input": {"target_temperature": t}}),
+    )
+}
+
+#[test]
+fn a_request_without_a_command_id_resumes_the_hold_it_repeats() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let first = setpoint_without_id(&s, AGENT, &sid, 75.0);
+    let approval = held_approval(&first);
+    // Repeated while pending: the same hold, not a second approval.
+    let again = setpoint_without_id(&s, AGENT, &sid, 75.0);
+    assert_eq!(held_approval(&again), approval, "{again}");
+    assert_eq!(again["command_id"], first["command_id"], "{again}");
+    let pending = ok(
+        &s,
+        ALICE,
+        "mhs.approvals.list",
+        json!({"status": "pending"}),
+    );
+    assert_eq!(
+        pending["approvals"].as_array().map(Vec::len),
+        Some(1),
+        "{pending}"
+    );
+    // Other input is another request: its own hold.
+    let other = setpoint_without_id(&s, AGENT, &sid, 76.0);
+    assert_ne!(held_approval(&other), approval, "{other}");
+    for op in [ALICE, BOB] {
+        let d = decide(&s, op, &approval, "approve");
+        assert!(d.get("error").is_none(), "{d}");
+    }
+    let done = setpoint_without_id(&s, AGENT, &sid, 75.0);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["approval_id"], approval.as_str(), "{done}");
+    assert_eq!(done["command_id"], first["command_id"], "{done}");
+    assert_eq!(live_setpoint(&s, AGENT, &sid), 75.0);
+    // The approval is spent: the same request again is a new hold.
+    let later = setpoint_without_id(&s, AGENT, &sid, 75.0);
+    assert_ne!(held_approval(&later), approval, "{later}");
+}
+
 #[test]
 fn the_requester_never_approves_its_own_hold() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -153,24 +153,56 @@ impl Approval {
     }
 }
 
-/// Approvals by id, and by fingerprint key.
+/// Approvals by id, by fingerprint key, and by request (the fingerprint
+/// without its command id: who asked for which binding and input).
 #[derive(Debug, Default)]
 pub(crate) struct Approvals {
     by_id: HashMap<String, Approval>,
     by_key: HashMap<String, String>,
+    by_request: HashMap<String, String>,
+}
+
+/// Splits a fingerprint `requester|command_id|binding/digest` into its command
+/// id and binding key (a command id never holds `|`).
+fn split_key<'k>(requester: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
+    key.strip_prefix(requester)?
+        .strip_prefix('|')?
+        .split_once('|')
+}
+
+fn request_key(requester: &str, binding_key: &str) -> String {
+    format!("{requester}|{binding_key}")
 }
 
 impl Approvals {
+    fn insert(&mut self, a: Approval) {
+        if let Some((_, binding_key)) = split_key(&a.requester_id, &a.key) {
+            self.by_request
+                .insert(request_key(&a.requester_id, binding_key), a.id.clone());
+        }
+        self.by_key.insert(a.key.clone(), a.id.clone());
+        self.by_id.insert(a.id.clone(), a);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Approval> {
+        let a = self.by_id.remove(id)?;
+        self.by_key.remove(&a.key);
+        if let Some((_, binding_key)) = split_key(&a.requester_id, &a.key) {
+            let rk = request_key(&a.requester_id, binding_key);
+            if self.by_request.get(&rk).is_some_and(|x| x == id) {
+                self.by_request.remove(&rk);
+            }
+        }
+        Some(a)
+    }
+
     /// Rebuilds the table from stored records. A record that cannot be read
     /// is skipped with a warning: it can then never authorise anything.
     pub(crate) fn restore(rows: &[ApprovalRow]) -> Self {
         let mut t = Self::default();
         for row in rows {
             match Approval::from_stored(row) {
-                Some(a) => {
-                    t.by_key.insert(a.key.clone(), a.id.clone());
-                    t.by_id.insert(a.id.clone(), a);
-                }
+                Some(a) => t.insert(a),
                 None => {
                     tracing::warn!(approval_id = %row.approval_id, "unreadable approval record ignored")
                 }
@@ -214,6 +246,34 @@ fn lock_refusal() -> Refusal {
 }
 
 impl Kernel {
+    /// The command id of an open approval (pending, or approved and not in
+    /// use) that `requester` holds for exactly this binding and input. A
+    /// request that brings no command id of its own resumes it: a surface that
+    /// mints ids (MCP) would otherwise make a new hold on every retry, and
+    /// the approval people decided could never be used. The whole evaluation
+    /// order still runs for the resumed command.
+    pub(crate) fn open_approval_command_id(
+        &self,
+        requester: &str,
+        binding_key: &str,
+    ) -> Option<String> {
+        let t = self.inner.approvals.lock().ok()?;
+        if t.by_request.is_empty() {
+            return None;
+        }
+        let id = t.by_request.get(&request_key(requester, binding_key))?;
+        let a = t.by_id.get(id)?;
+        let open = match a.status_at(now_ms()) {
+            Status::Pending => true,
+            Status::Approved => a.reserved_by.is_none(),
+            Status::Denied | Status::Used | Status::Expired => false,
+        };
+        if !open {
+            return None;
+        }
+        split_key(requester, &a.key).map(|(command_id, _)| command_id.to_owned())
+    }
+
     /// Step 10's approval gate. `create` is false for dry runs.
     pub(crate) fn approval_gate(&self, need: &Need<'_>, held: bool, create: bool) -> Gate {
         let Ok(mut t) = self.inner.approvals.lock() else {
@@ -319,8 +379,7 @@ impl Kernel {
                 };
             }
         }
-        t.by_key.insert(draft.key.clone(), id.clone());
-        t.by_id.insert(id.clone(), draft);
+        t.insert(draft);
         Gate::Refused {
             refusal,
             new: Some(id),
@@ -361,9 +420,7 @@ impl Kernel {
             }
             Err(e) => {
                 if let Ok(mut t) = self.inner.approvals.lock() {
-                    if let Some(a) = t.by_id.remove(id) {
-                        t.by_key.remove(&a.key);
-                    }
+                    t.remove(id);
                 }
                 Err(Refusal::new(
                     Code::EvidenceUnavailable,
@@ -629,8 +686,6 @@ fn prune_closed(t: &mut Approvals, now: u64) {
         .map(|a| a.id.clone())
         .collect();
     for id in closed {
-        if let Some(a) = t.by_id.remove(&id) {
-            t.by_key.remove(&a.key);
-        }
+        t.remove(&id);
     }
 }

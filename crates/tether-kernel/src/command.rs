@@ -689,11 +689,22 @@ impl Kernel {
                 .await
                 .into());
         }
+        let key = format!("{}/{}/{}/{}", dev.id(), b.capability_id, b.resource, digest);
+        // A request without its own id that repeats a held one (same
+        // principal, binding and input) takes that hold's id, so it resumes
+        // the approval instead of making another.
+        let (command_id, minted_id) = match minted_id
+            .then(|| self.open_approval_command_id(&p.id, &key))
+            .flatten()
+        {
+            Some(held) => (held, false),
+            None => (command_id, minted_id),
+        };
         let ctx = Ctx {
             device: d,
             binding: bi,
             command_id,
-            key: format!("{}/{}/{}/{}", dev.id(), b.capability_id, b.resource, digest),
+            key,
             digest,
             input: req.input,
             principal: p.clone(),
