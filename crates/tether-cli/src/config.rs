@@ -122,6 +122,22 @@ pub fn authenticator(
                 continue;
             }
         };
+        // One token, one principal: a shared token would authenticate as
+        // whichever is listed first, so the other could never sign in, or an
+        // agent's token would be an operator's credential.
+        if let Some(first) = creds
+            .iter()
+            .find(|c: &&Credential| c.token_sha256 == digest)
+        {
+            bad(
+                "token_sha256",
+                format!(
+                    "principal `{}` has the same token as `{}`; every principal needs its own",
+                    p.id, first.principal.id
+                ),
+            );
+            continue;
+        }
         creds.push(Credential {
             principal: who,
             token_sha256: digest,

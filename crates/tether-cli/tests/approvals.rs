@@ -335,6 +335,109 @@ fn a_request_without_a_command_id_resumes_the_hold_it_repeats() {
 }
 
 #[test]
+fn an_estop_revokes_the_devices_open_approvals() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let approved = held_approval(&setpoint(&s, AGENT, &sid, "hot-approved", 75.0));
+    let pending = held_approval(&setpoint(&s, AGENT, &sid, "hot-pending", 80.0));
+    for op in [ALICE, BOB] {
+        let d = decide(&s, op, &approved, "approve");
+        assert!(d.get("error").is_none(), "{d}");
+    }
+    ok(
+        &s,
+        AGENT,
+        "mhs.safety.estop",
+        json!({"device_id": "thermostat-1", "reason": "incident"}),
+    );
+    for id in [&approved, &pending] {
+        let a = ok(&s, ALICE, "mhs.approvals.get", json!({"approval_id": id}));
+        assert_eq!(a["status"], "revoked", "{a}");
+    }
+    // A late vote is refused as closed.
+    let late = decide(&s, ALICE, &pending, "approve");
+    assert_eq!(
+        late["error"]["data"]["mhs_code"], "MHS.POLICY.APPROVAL_CLOSED",
+        "{late}"
+    );
+    ok(
+        &s,
+        ALICE,
+        "mhs.safety.reset",
+        json!({"device_id": "thermostat-1"}),
+    );
+    // Consent given before the incident does not move the device after it.
+    let resumed = setpoint(&s, AGENT, &sid, "hot-approved", 75.0);
+    let d = assert_rejected(&resumed, "MHS.POLICY.APPROVAL_CLOSED");
+    assert_eq!(d["status"], "revoked", "{resumed}");
+    drop(s);
+    // The revocation is durable.
+    let s = start(dir.path(), &cfg);
+    let a = ok(
+        &s,
+        ALICE,
+        "mhs.approvals.get",
+        json!({"approval_id": approved}),
+    );
+    assert_eq!(a["status"], "revoked", "{a}");
+}
+
+#[test]
+fn a_second_vote_after_a_denial_is_answered_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "deny-twice", 75.0));
+    let d = decide(&s, BOB, &id, "deny");
+    assert!(d.get("error").is_none(), "{d}");
+    let again = decide(&s, BOB, &id, "approve");
+    assert_eq!(
+        again["error"]["data"]["mhs_code"], "MHS.POLICY.APPROVAL_CLOSED",
+        "{again}"
+    );
+}
+
+const HOLD_READS_AND_STOPS: &str = r#"
+@id("hold-read") @hold("reads of the relay are held")
+permit(principal, action == Tether::Action::"read", resource) when { resource.device == "relay-1" };
+@id("hold-stops") @hold("stops held?")
+permit(principal, action, resource) when { resource.stop_class };
+@id("all") permit(principal, action, resource);
+"#;
+
+#[test]
+fn a_hold_on_a_read_command_is_a_deny_and_a_hold_on_a_stop_is_set_aside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_READS_AND_STOPS, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let read = ok(
+        &s,
+        AGENT,
+        "mhs.command",
+        json!({"session_id": sid, "device_id": "relay-1", "capability_id": "cap.state.read.v1", "input": {}}),
+    );
+    let d = assert_rejected(&read, "MHS.POLICY.DENIED");
+    assert!(
+        d.get("approval_id").is_none(),
+        "no approval for a read: {read}"
+    );
+    let stop = ok(
+        &s,
+        AGENT,
+        "mhs.command",
+        json!({"session_id": sid, "device_id": "arm-1", "capability_id": "cap.motion.stop.v1", "input": {}}),
+    );
+    assert_eq!(stop["status"], "completed", "{stop}");
+    assert_eq!(stop["decision"], "allow", "{stop}");
+    assert_eq!(stop["policy"]["decision"], "allow", "{stop}");
+    assert_eq!(stop["policy"]["hold_ignored"], true, "{stop}");
+}
+
+#[test]
 fn the_requester_never_approves_its_own_hold() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write_config(dir.path(), HOLD_POLICY, "");

@@ -175,6 +175,21 @@ fn an_agent_can_never_hold_the_operator_role() {
 }
 
 #[test]
+fn two_principals_may_not_share_a_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tether.toml");
+    let same = sha256_hex("same");
+    std::fs::write(&path, format!("builtin_cell = true\n[[principals]]\nid = \"bot\"\nkind = \"agent\"\ntoken_sha256 = \"{same}\"\n[[principals]]\nid = \"op\"\nkind = \"human\"\nroles = [\"operator\"]\ntoken_sha256 = \"{same}\"\n")).expect("write");
+    let run = tether(&["check".as_ref(), path.as_os_str()]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("principals[1]") && run.stderr.contains("same token as `bot`"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
 fn stdio_refuses_to_start_without_a_valid_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(dir.path());

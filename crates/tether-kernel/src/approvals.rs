@@ -34,6 +34,9 @@ pub(crate) enum Status {
     Denied,
     Used,
     Expired,
+    /// An e-stop of its device withdrew it before it was used: consent given
+    /// before an incident never moves the machine after the reset.
+    Revoked,
 }
 
 impl Status {
@@ -44,6 +47,7 @@ impl Status {
             Self::Denied => "denied",
             Self::Used => "used",
             Self::Expired => "expired",
+            Self::Revoked => "revoked",
         }
     }
 
@@ -54,6 +58,7 @@ impl Status {
             "denied" => Self::Denied,
             "used" => Self::Used,
             "expired" => Self::Expired,
+            "revoked" => Self::Revoked,
             _ => return None,
         })
     }
@@ -266,12 +271,34 @@ impl Kernel {
         let open = match a.status_at(now_ms()) {
             Status::Pending => true,
             Status::Approved => a.reserved_by.is_none(),
-            Status::Denied | Status::Used | Status::Expired => false,
+            Status::Denied | Status::Used | Status::Expired | Status::Revoked => false,
         };
         if !open {
             return None;
         }
         split_key(requester, &a.key).map(|(command_id, _)| command_id.to_owned())
+    }
+
+    /// An e-stop of device `device_id` revokes its open approvals (pending,
+    /// or approved and not yet used): each record as it must be stored.
+    pub(crate) fn revoke_approvals(&self, device_id: &str) -> Vec<ApprovalRow> {
+        let Ok(mut t) = self.inner.approvals.lock() else {
+            return Vec::new();
+        };
+        let now = now_ms();
+        let mut rows = Vec::new();
+        for a in t.by_id.values_mut() {
+            let open = matches!(a.status_at(now), Status::Pending | Status::Approved);
+            if open && a.base["device_id"].as_str() == Some(device_id) {
+                a.status = Status::Revoked;
+                a.base["revoked_at_ms"] = json!(now);
+                rows.push(ApprovalRow {
+                    approval_id: a.id.clone(),
+                    record: a.stored(),
+                });
+            }
+        }
+        rows
     }
 
     /// Step 10's approval gate. `create` is false for dry runs.
@@ -328,6 +355,14 @@ impl Kernel {
                         Code::PolicyApprovalClosed,
                         format!("approval `{}` was already used; approvals are single-use", a.id),
                         json!({"approval_id": a.id, "status": "used"}),
+                    ),
+                    new: None,
+                },
+                Status::Revoked => Gate::Refused {
+                    refusal: Refusal::new(
+                        Code::PolicyApprovalClosed,
+                        format!("approval `{}` was revoked by an e-stop of the device; send the command again under a new command_id and ask again", a.id),
+                        json!({"approval_id": a.id, "status": "revoked"}),
                     ),
                     new: None,
                 },
@@ -469,6 +504,11 @@ impl Kernel {
                 return;
             };
             let Some(a) = t.by_id.get_mut(id) else { return };
+            if a.status == Status::Revoked {
+                // An e-stop withdrew it while its command was in flight; the
+                // revocation stands.
+                return;
+            }
             a.status = Status::Used;
             a.base["used_by_command_id"] = json!(command_id);
             a.stored()
@@ -655,13 +695,13 @@ fn check_voter(p: &Principal, a: &Approval, now: u64) -> Result<(), ApiError> {
             "the requester may not decide its own request",
         ));
     }
-    if a.votes.iter().any(|v| v.by == p.id) {
-        return Err(forbidden(
+    // A closed approval says so to every later vote, the voter's own
+    // included; `already_voted` is for one that is still open.
+    match a.status_at(now) {
+        Status::Pending if a.votes.iter().any(|v| v.by == p.id) => Err(forbidden(
             "already_voted",
             "this operator has already voted; a quorum needs distinct operators",
-        ));
-    }
-    match a.status_at(now) {
+        )),
         Status::Pending => Ok(()),
         Status::Expired => Err(ApiError::new(
             Code::PolicyApprovalExpired,
@@ -682,7 +722,12 @@ fn prune_closed(t: &mut Approvals, now: u64) {
     let closed: Vec<String> = t
         .by_id
         .values()
-        .filter(|a| matches!(a.status_at(now), Status::Used | Status::Expired))
+        .filter(|a| {
+            matches!(
+                a.status_at(now),
+                Status::Used | Status::Expired | Status::Revoked
+            )
+        })
         .map(|a| a.id.clone())
         .collect();
     for id in closed {

@@ -145,15 +145,31 @@ impl Kernel {
             ctx.binding,
             &ctx.input,
         );
+        let hold = verdict.decision == Decision::Hold;
+        // Stops are never held: a stop waits for nobody. The receipt's policy
+        // block then says what was decided, and that a hold was set aside.
+        let json = if hold && b.is_stop() {
+            let mut shown = (*json).clone();
+            shown["decision"] = json!("allow");
+            shown["hold_ignored"] = json!(true);
+            shown["reason"] = json!(format!(
+                "{} (a hold never applies to a stop)",
+                verdict.reason
+            ));
+            std::sync::Arc::new(shown)
+        } else {
+            json
+        };
         let _ = ctx.policy.set(json);
-        if verdict.decision == Decision::Deny {
+        // A hold on a read is served as a deny, as for `mhs.resource.read`:
+        // a read changes nothing a person could approve, and never waits.
+        if verdict.decision == Decision::Deny || (hold && b.verb == Verb::Read) {
             return PolicyStep::Refused {
                 refusal: denied(&verdict),
                 new_approval: None,
             };
         }
-        // Stops are never held: a stop waits for nobody.
-        let held = verdict.decision == Decision::Hold && !b.is_stop();
+        let held = hold && !b.is_stop();
         let needs_permit = ctx.permit_id.is_none()
             && crate::permits::permit_required(dev.spec.manifest.mode.is_physical(), b);
         if !held && !needs_permit {

@@ -189,6 +189,11 @@ impl Kernel {
         let dev = &self.inner.devices[d];
         let cancelled = self.cancel_device_ops(d, reason);
         let revoked_permits = self.revoke_permits(d);
+        let revoked_approvals = self.revoke_approvals(dev.id());
+        let revoked_approval_ids: Vec<&str> = revoked_approvals
+            .iter()
+            .map(|r| r.approval_id.as_str())
+            .collect();
         let budget = Duration::from_millis(dev.estop_budget_ms());
         // Persist the latch before any driver I/O. The wait is bounded: a store
         // that cannot make it durable must never delay the stop path itself
@@ -197,13 +202,14 @@ impl Kernel {
         let latch_commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.estop".into(),
-                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits}).into(),
+                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
             }],
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),
                 latched: true,
                 info: json!({"since_ms": info.since_ms, "reason": info.reason}),
             }],
+            approvals: revoked_approvals,
             ..Commit::default()
         };
         let persist_wait = (budget / 2).min(Duration::from_millis(LATCH_PERSIST_WAIT_MS_MAX));
