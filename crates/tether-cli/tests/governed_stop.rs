@@ -134,3 +134,65 @@ fn a_stop_tripped_while_no_endpoint_runs_is_obeyed_at_start() {
     assert_eq!(s.status_of("arm-1")["latched"], true);
     assert_eq!(s.status_of("relay-1")["latched"], false);
 }
+
+/// Two endpoints on one state directory whose configs disagree: here `arm-1`
+/// is simulated (an agent may reset it), there it is hardware. The reset row
+/// the first writes must not release the second's hardware latch.
+#[test]
+fn a_non_operator_reset_elsewhere_never_releases_a_hardware_latch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let manifest = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tether-drivers/cell/arm-1.toml"),
+    )
+    .expect("arm manifest");
+    // A hardware device declares no simulation fidelity: drop that table
+    // (its header and the lines up to the next blank one).
+    let mut in_fidelity = false;
+    let hardware: String = manifest
+        .replace("mode = \"simulated\"", "mode = \"hardware\"")
+        .lines()
+        .filter(|l| {
+            if l.trim() == "[fidelity]" {
+                in_fidelity = true;
+            } else if l.trim().is_empty() {
+                in_fidelity = false;
+            }
+            !in_fidelity
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(hardware.contains("mode = \"hardware\""), "{hardware}");
+    std::fs::write(dir.path().join("arm-hw.toml"), hardware).expect("write");
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(&cfg, "builtin_cell = false\ndevices = [\"arm-hw.toml\"]\n").expect("cfg");
+    let simulated = Server::start_with(Transport::Http, Some(&state), &[]);
+    let physical = Server::start_with(
+        Transport::Http,
+        Some(&state),
+        &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
+    );
+    assert_eq!(physical.status_of(ARM)["mode"], "hardware");
+    let run = tether(&[
+        "estop".as_ref(),
+        "--device".as_ref(),
+        ARM.as_ref(),
+        "--state-dir".as_ref(),
+        state.as_os_str(),
+    ]);
+    assert!(run.stdout_text().contains(ARM), "{}", run.stdout_text());
+    for s in [&simulated, &physical] {
+        poll_until("arm-1 to latch", Duration::from_secs(2), || {
+            s.status_of(ARM)["latched"] == true
+        });
+    }
+    let reset = simulated.call("mhs.safety.reset", json!({"device_id": ARM}));
+    assert_eq!(reset["result"]["status"], "completed", "{reset}");
+    // Long enough for the watcher to have seen the reset row several times.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        physical.status_of(ARM)["latched"],
+        true,
+        "an agent's reset must not release a hardware latch"
+    );
+}

@@ -36,6 +36,9 @@ pub struct LatchEvent {
     pub at_ms: u64,
     /// Why (for trips).
     pub reason: String,
+    /// For a reset: whether a human operator made it (`false` when the row
+    /// does not say, as rows written before this was recorded).
+    pub by_operator: bool,
 }
 
 fn event_of(row: &LatchRow) -> LatchEvent {
@@ -53,6 +56,11 @@ fn event_of(row: &LatchRow) -> LatchEvent {
             .and_then(Value::as_str)
             .unwrap_or("governed stop")
             .to_owned(),
+        by_operator: row
+            .info
+            .get("reset_by_operator")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     }
 }
 
@@ -254,6 +262,13 @@ impl Kernel {
             };
         }
         let cancelled = self.cancel_device_ops(d, &ev.reason);
+        // As a local e-stop does: consent given before the trip is withdrawn.
+        let revoked_permits = self.revoke_permits(d);
+        let revoked_approvals = self.revoke_approvals(dev.id());
+        let revoked_approval_ids: Vec<String> = revoked_approvals
+            .iter()
+            .map(|r| r.approval_id.clone())
+            .collect();
         dev.stop_confirmed.store(false, Ordering::SeqCst);
         let path = self.run_stop_path(d, t0, &ev.reason, None).await;
         dev.stop_confirmed.store(path.is_ok(), Ordering::SeqCst);
@@ -265,8 +280,9 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.observed".into(),
-                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure}).into(),
+                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
             }],
+            approvals: revoked_approvals,
             ..Commit::default()
         });
         if path.is_err() {
@@ -279,6 +295,20 @@ impl Kernel {
     fn release_observed(&self, d: usize, ev: &LatchEvent) {
         let dev = &self.inner.devices[d];
         if !self.running_on(d).is_empty() {
+            return;
+        }
+        // Here the device may be hardware where the other process serves it
+        // as simulated (configs that disagree): only an operator's reset may
+        // release a physical latch, whoever wrote the row.
+        if dev.spec.manifest.mode.is_physical() && !ev.by_operator {
+            self.record(Commit {
+                events: vec![EventDraft {
+                    kind: "safety.reset.observed".into(),
+                    body: json!({"device_id": dev.id(), "reset_at_ms": ev.at_ms, "applied": false, "reason": "operator_required"}).into(),
+                }],
+                ..Commit::default()
+            });
+            tracing::warn!(device_id = dev.id(), "a reset by a non-operator in another process was not applied to this hardware latch");
             return;
         }
         dev.latched.store(false, Ordering::SeqCst);

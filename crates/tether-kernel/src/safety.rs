@@ -412,7 +412,10 @@ impl Kernel {
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),
                 latched: false,
-                info: json!({"reset_by": p.to_json(), "reset_at_ms": reset_at}),
+                // Whether an operator reset it travels with the row: another
+                // process that serves this device as hardware releases its
+                // latch only for an operator's reset.
+                info: json!({"reset_by": p.to_json(), "reset_by_operator": p.kind == crate::PrincipalKind::Human && p.operator, "reset_at_ms": reset_at}),
             }],
             ..Commit::default()
         };
