@@ -434,10 +434,15 @@ fn a_cancelled_stdio_call_reports_progress_and_cancels_the_motion() {
 /// Runs `tether mcp` with raw lines on stdin; answers the output lines.
 fn raw_stdio(lines: &[&[u8]]) -> Vec<Value> {
     let dir = tempfile::tempdir().expect("tempdir");
+    raw_stdio_in(dir.path(), lines)
+}
+
+/// [`raw_stdio`] on the state directory `dir`.
+fn raw_stdio_in(dir: &Path, lines: &[&[u8]]) -> Vec<Value> {
     let mut child = Command::new(BIN)
         .arg("mcp")
         .arg("--state-dir")
-        .arg(dir.path())
+        .arg(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -494,6 +499,139 @@ fn stdio_answers_malformed_duplicate_deep_and_oversized_input_with_json_rpc_erro
     // The connection survives bad input: the ping after it is answered.
     assert_eq!(answers[4]["id"], 3, "{answers:?}");
     assert!(answers[4].get("result").is_some(), "{answers:?}");
+}
+
+/// The receipt capability of an endpoint e-stop.
+const ESTOP_RECEIPT: &str = "cap.internal.safety_estop.v1";
+
+/// The answer with `id` among `answers`.
+fn answer_for<'a>(answers: &'a [Value], id: &Value) -> &'a Value {
+    answers
+        .iter()
+        .find(|a| &a["id"] == id)
+        .unwrap_or_else(|| panic!("no answer for {id}: {answers:?}"))
+}
+
+/// Asserts `answer` is the protocol error `code` saying the e-stop was served.
+fn assert_estop_served(answer: &Value, code: i64) {
+    assert_eq!(answer["error"]["code"], code, "{answer}");
+    let data = &answer["error"]["data"];
+    assert!(
+        data["mhs_code"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("MHS.PROTOCOL.")),
+        "{answer}"
+    );
+    assert_eq!(data["details"]["estop_served"], true, "{answer}");
+    assert_eq!(
+        data["details"]["receipt"]["capability_id"], ESTOP_RECEIPT,
+        "{answer}"
+    );
+}
+
+/// The devices latched by an e-stop whose reason, in the evidence, records
+/// a request defect.
+fn defect_stopped_devices(state_dir: &Path) -> Vec<String> {
+    let run = tether(&[
+        "audit".as_ref(),
+        "export".as_ref(),
+        "--state-dir".as_ref(),
+        state_dir.as_os_str(),
+    ]);
+    assert_eq!(run.code, Some(0), "audit export: {}", run.stderr);
+    let mut ids: Vec<String> = run
+        .stdout_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "safety.estop")
+        .filter(|e| {
+            e["body"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("request defect"))
+        })
+        .filter_map(|e| e["body"]["device_id"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+const INITIALIZE: &[u8] = br#"{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+#[test]
+fn stdio_latches_a_malformed_or_early_estop_and_says_it_was_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let answers = raw_stdio_in(
+        dir.path(),
+        &[
+            // Before initialize: the SDK would refuse it without a stop.
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"estop","arguments":{}}}"#,
+            INITIALIZE,
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"estop","arguments":["arm-1"]}}"#,
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"estop","arguments":"arm-1"}}"#,
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"estop","arguments":{"reason":"a","reason":"b"}}}"#,
+            // Malformed params of another tool: invalid params, with a code.
+            br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"arm-1__stop","arguments":[]}}"#,
+            br#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":5}}"#,
+            br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#,
+            br#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"arm-1__stop","arguments":"x"}}"#,
+        ],
+    );
+    assert_estop_served(answer_for(&answers, &json!(1)), -32600);
+    assert_estop_served(answer_for(&answers, &json!(2)), -32602);
+    assert_estop_served(answer_for(&answers, &json!(3)), -32602);
+    // A parse error has no usable id.
+    assert_estop_served(answer_for(&answers, &Value::Null), -32700);
+    for id in 5..=8 {
+        let a = answer_for(&answers, &json!(id));
+        assert_eq!(a["error"]["code"], -32602, "{a}");
+        assert_eq!(
+            a["error"]["data"]["mhs_code"], "MHS.PROTOCOL.INVALID_PARAMS",
+            "{a}"
+        );
+        assert_eq!(a["error"]["data"]["retryable"], false, "{a}");
+        assert!(a["error"]["data"]["details"]["reason"].is_string(), "{a}");
+    }
+    // Every device was latched, and the evidence records the defect.
+    assert_eq!(
+        defect_stopped_devices(dir.path()),
+        ["arm-1", "relay-1", "thermostat-1"]
+    );
+}
+
+#[test]
+fn stdio_estop_tool_summary_names_every_device_and_an_unknown_one() {
+    let answers = raw_stdio(&[
+        INITIALIZE,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"estop","arguments":{"device_id":"nope"}}}"#,
+        br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ]);
+    let first = answer_for(&answers, &json!(1))["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(first.contains("No device `nope` is served here"), "{first}");
+    for d in ["thermostat-1", "arm-1", "relay-1"] {
+        assert!(first.contains(d), "{first}");
+    }
+    let tools = answer_for(&answers, &json!(2))["result"]["tools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let stop = tools
+        .iter()
+        .find(|t| t["name"] == "arm-1__stop")
+        .and_then(|t| t["description"].as_str())
+        .unwrap_or_default();
+    assert!(stop.contains("risk class R2"), "{stop}");
+    assert!(
+        !tools
+            .iter()
+            .any(|t| t["description"].as_str().is_some_and(|d| d.contains(".."))),
+        "{tools:?}"
+    );
 }
 
 #[test]
@@ -647,4 +785,45 @@ fn http_refuses_malformed_and_oversized_bodies_with_protocol_errors() {
     let (status, body) = post_mcp(s.addr, &big, &auth);
     assert_eq!(status, 413, "{body}");
     assert!(body.contains("MHS.PROTOCOL.TOO_LARGE"), "{body}");
+}
+
+#[test]
+fn http_latches_a_malformed_or_sessionless_estop_and_says_it_was_served() {
+    let s = McpHttp::start();
+    let auth = format!("Authorization: Bearer {AGENT_TOKEN}\r\n");
+    let served = |body: &[u8], code: i64| {
+        let (status, text) = post_mcp(s.addr, body, &auth);
+        assert!((400..500).contains(&status), "{status} {text}");
+        let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_estop_served(&answer, code);
+    };
+    served(
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"estop","arguments":["arm-1"]}}"#,
+        -32602,
+    );
+    served(
+        br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"estop","arguments":{"reason":"a","reason":"b"}}}"#,
+        -32700,
+    );
+    // Well-formed but with no MCP session: the SDK refuses it; the stop runs.
+    served(
+        br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"estop","arguments":{}}}"#,
+        -32600,
+    );
+    let (status, text) = post_mcp(
+        s.addr,
+        br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"arm-1__stop","arguments":[]}}"#,
+        &auth,
+    );
+    assert_eq!(status, 400, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(answer["error"]["code"], -32602, "{text}");
+    assert_eq!(
+        answer["error"]["data"]["mhs_code"], "MHS.PROTOCOL.INVALID_PARAMS",
+        "{text}"
+    );
+    assert_eq!(
+        defect_stopped_devices(&s.state_dir),
+        ["arm-1", "relay-1", "thermostat-1"]
+    );
 }

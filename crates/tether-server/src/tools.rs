@@ -59,8 +59,11 @@ pub struct Tool {
     pub resource: String,
     /// Device mode (`simulated`, `hardware`, ...).
     pub mode: String,
-    /// Binding risk class (`R0`..`R3`).
+    /// The binding's risk (`R0`..`R3`).
     pub risk: String,
+    /// The device's risk class (`R0`..`R3`, the manifest's `risk_class`);
+    /// `R0` for the e-stop tool, which covers every device.
+    pub risk_class: String,
     /// Whether repeating the same input has no further effect.
     pub idempotent: bool,
     /// The input schema the binding serves (what the kernel checks).
@@ -82,6 +85,7 @@ impl Tool {
             "resource": self.resource,
             "mode": self.mode,
             "risk": self.risk,
+            "risk_class": self.risk_class,
             "idempotent": self.idempotent,
             "read_only": self.kind == ToolKind::Read,
             "destructive": matches!(self.kind, ToolKind::Write | ToolKind::Action | ToolKind::Estop),
@@ -144,6 +148,7 @@ fn estop_tool() -> Tool {
         resource: String::new(),
         mode: "any".to_owned(),
         risk: "R0".to_owned(),
+        risk_class: "R0".to_owned(),
         idempotent: true,
         input_schema: json!({
             "type": "object",
@@ -166,6 +171,8 @@ fn estop_tool() -> Tool {
 fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
     let device = &got["device"];
     let mode = device["mode"].as_str().unwrap_or("unknown").to_owned();
+    // Unknown reads as the highest class: a description never understates.
+    let risk_class = device["risk_class"].as_str().unwrap_or("R3").to_owned();
     let bindings = got["reference"]["bindings"]
         .as_array()
         .cloned()
@@ -199,7 +206,17 @@ fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
             || b["flags"]["stop_class"] == json!(true)
             || b["flags"]["safe_place"] == json!(true);
         let effective_limits = b["x-mhs-effective-limits"].clone();
-        let description = describe(device_id, &mode, &risk, kind, b, &effective_limits);
+        let description = describe(
+            &Subject {
+                device_id,
+                mode: &mode,
+                risk_class: &risk_class,
+                risk: &risk,
+            },
+            kind,
+            b,
+            &effective_limits,
+        );
         tools.push(Tool {
             name,
             kind,
@@ -208,6 +225,7 @@ fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
             resource,
             mode: mode.clone(),
             risk,
+            risk_class: risk_class.clone(),
             idempotent,
             input_schema: input_schema(kind, b),
             description,
@@ -233,16 +251,19 @@ fn input_schema(kind: ToolKind, b: &Value) -> Value {
     }
 }
 
-fn describe(
-    device_id: &str,
-    mode: &str,
-    risk: &str,
-    kind: ToolKind,
-    b: &Value,
-    limits: &Value,
-) -> String {
+/// Whose tool a description is about: the device (its mode and risk class)
+/// and the binding's own risk, each labelled as what it is.
+struct Subject<'a> {
+    device_id: &'a str,
+    mode: &'a str,
+    risk_class: &'a str,
+    risk: &'a str,
+}
+
+fn describe(who: &Subject<'_>, kind: ToolKind, b: &Value, limits: &Value) -> String {
     let what = b["description"]
         .as_str()
+        .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .unwrap_or_else(|| {
@@ -253,7 +274,12 @@ fn describe(
                 b["resource"].as_str().unwrap_or_default()
             )
         });
-    let mut out = format!("{what}. Device `{device_id}`, mode {mode}, risk {risk}.");
+    // Class descriptions are sentences that end in a period already.
+    let what = what.trim_end_matches('.');
+    let mut out = format!(
+        "{what}. Device `{}`, mode {}, risk class {}; this binding's risk {}.",
+        who.device_id, who.mode, who.risk_class, who.risk
+    );
     let lines = limit_lines(limits);
     if !lines.is_empty() {
         out.push_str(" Limits: ");
@@ -274,21 +300,51 @@ fn limit_lines(limits: &Value) -> Vec<String> {
         .map(|(path, l)| {
             let unit = l.get("unit").and_then(Value::as_str).unwrap_or("");
             let mut parts = vec![format!("`{path}`")];
-            if let Some(min) = l.get("min").filter(|v| !v.is_null()) {
-                parts.push(format!("min {min}{}", sp(unit)));
+            let bound = |key: &str| l.get(key).filter(|v| !v.is_null());
+            if let Some(min) = bound("min") {
+                parts.push(format!("min {}{}", number(min), sp(unit)));
             }
-            if let Some(max) = l.get("max").filter(|v| !v.is_null()) {
-                parts.push(format!("max {max}{}", sp(unit)));
+            if let Some(max) = bound("max") {
+                parts.push(format!("max {}{}", number(max), sp(unit)));
             }
-            if let Some(a) = l.get("allowed").filter(|v| !v.is_null()) {
-                parts.push(format!("allowed {a}"));
+            if let Some(a) = bound("allowed") {
+                parts.push(format!("allowed {}", number(a)));
             }
-            if l.get("per").is_some_and(|v| !v.is_null()) {
-                parts.push(format!("per {}", l["per"]));
+            if let Some(per) = bound("per") {
+                parts.push(format!("per {per}"));
+            }
+            // Deferred to the operator and not filled: no bound exists, and
+            // the kernel refuses any call that sets it (MHS.SAFETY.LIMITS_UNSET).
+            let unset = l.get("operator_required") == Some(&Value::Bool(true))
+                && ["min", "max", "allowed"].iter().all(|k| bound(k).is_none());
+            if unset {
+                parts.push(
+                    "unset (operator_required, no operator bound given): calls that set it are refused"
+                        .to_owned(),
+                );
             }
             parts.join(" ")
         })
         .collect()
+}
+
+/// A bound as text: integral numbers without a fraction (`3`, not `3.0`),
+/// element-wise for per-element bounds.
+fn number(v: &Value) -> String {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            // Exact below 2^53; larger values keep their own form.
+            Some(f) if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+                format!("{}", f as i64)
+            }
+            _ => n.to_string(),
+        },
+        Value::Array(items) => {
+            let inner: Vec<String> = items.iter().map(number).collect();
+            format!("[{}]", inner.join(", "))
+        }
+        other => other.to_string(),
+    }
 }
 
 fn sp(unit: &str) -> String {
@@ -301,7 +357,8 @@ fn sp(unit: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::short_name;
+    use super::{describe, limit_lines, number, short_name, Subject, ToolKind};
+    use serde_json::json;
 
     #[test]
     fn short_names_drop_prefix_and_version() {
@@ -310,5 +367,49 @@ mod tests {
         assert_eq!(short_name("x-cap.lab.pipette.v12"), "pipette");
         assert_eq!(short_name("x-cap.weird name"), "weird_name");
         assert_eq!(short_name("cap.io.v2.relay"), "relay");
+    }
+
+    #[test]
+    fn integral_bounds_print_as_integers() {
+        assert_eq!(number(&json!(3.0)), "3");
+        assert_eq!(number(&json!(-0.0)), "0");
+        assert_eq!(number(&json!(2.5)), "2.5");
+        assert_eq!(number(&json!([0.0, 1.5])), "[0, 1.5]");
+        assert_eq!(number(&json!(1e300)), "1e+300");
+        let lines = limit_lines(
+            &json!({"limits": {"n": {"min": 0.0, "max": 3.0, "operator_required": false}}}),
+        );
+        assert_eq!(lines, vec!["`n` min 0 max 3"]);
+    }
+
+    #[test]
+    fn an_unset_operator_required_limit_says_calls_are_refused() {
+        let lines = limit_lines(&json!({"limits": {"n": {"operator_required": true}}}));
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].starts_with("`n` unset"), "{}", lines[0]);
+        assert!(lines[0].contains("refused"), "{}", lines[0]);
+        // Filled by an overlay: just the bound.
+        let filled =
+            limit_lines(&json!({"limits": {"n": {"max": 2.0, "operator_required": true}}}));
+        assert_eq!(filled, vec!["`n` max 2"]);
+    }
+
+    #[test]
+    fn descriptions_label_the_device_risk_class_and_the_binding_risk() {
+        let who = Subject {
+            device_id: "arm-1",
+            mode: "simulated",
+            risk_class: "R2",
+            risk: "R0",
+        };
+        let b = json!({"description": "Stops the arm."});
+        let d = describe(&who, ToolKind::Action, &b, &json!(null));
+        assert!(
+            d.starts_with(
+                "Stops the arm. Device `arm-1`, mode simulated, risk class R2; this binding's risk R0."
+            ),
+            "{d}"
+        );
+        assert!(!d.contains(".."), "{d}");
     }
 }

@@ -6,7 +6,14 @@
 //! missing or wrong token is `401`, the e-stop included, and the body is
 //! never read); a POST body is read up to 1 MiB (`413` beyond) and parsed
 //! strictly (`400` with a JSON-RPC parse error on duplicate keys, nesting
-//! deeper than 64, non-finite numbers). The principal and a disconnect token
+//! deeper than 64, non-finite numbers). A `tools/call` of the `estop` tool is
+//! served even when the SDK would not serve it: a defective one (bad JSON,
+//! envelope or params) is latched here and answered `400` with the protocol
+//! error and `details.estop_served: true`; a well-formed one the SDK refuses
+//! before its handler (no or an unknown `Mcp-Session-Id`, missing request
+//! metadata, headers it rejects) is latched when the SDK's `4xx` comes back,
+//! and that answer is replaced the same way. Malformed `tools/call` params
+//! are `400` with `-32602` `MHS.PROTOCOL.INVALID_PARAMS`. The principal and a disconnect token
 //! travel to the handler in the request's extensions; the disconnect token is
 //! cancelled when the response stream is dropped before its end, so a client
 //! that goes away mid-call has cancelled the call.
@@ -16,6 +23,7 @@
 //! per MCP session); 2026-07-28 clients send `server/discover` and
 //! self-contained requests, each served by a fresh handler.
 
+use super::screen::{self, DefectiveEstop, Screened};
 use super::{Disconnect, TetherMcp};
 use crate::auth::{bearer, Authenticator};
 use crate::rpc::error_response;
@@ -34,11 +42,21 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tether_core::json::parse_strict;
 use tether_core::Code;
-use tether_kernel::Kernel;
+use tether_kernel::{Kernel, Principal};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// The path MCP is served on.
 pub const MCP_PATH: &str = "/mcp";
+
+/// Longest SDK error body read to say why it refused an e-stop.
+const SDK_ERROR_BYTES_MAX: usize = 64 * 1024;
+
+/// What the guard needs: who may call, and the kernel to serve an e-stop the
+/// SDK would not.
+struct Guard {
+    auth: Authenticator,
+    kernel: Kernel,
+}
 
 /// The MCP router. `loopback` keeps the SDK's DNS-rebinding defence (only
 /// loopback `Host` headers); a public listener must be reached by its own
@@ -57,6 +75,10 @@ pub fn router(
         config = config.disable_allowed_hosts();
     }
     let tools = super::catalogue(&kernel);
+    let guard_state = Arc::new(Guard {
+        auth,
+        kernel: kernel.clone(),
+    });
     let service = StreamableHttpService::new(
         move || Ok(TetherMcp::for_http(kernel.clone(), tools.clone())),
         Arc::new(LocalSessionManager::default()),
@@ -64,7 +86,7 @@ pub fn router(
     );
     Router::new()
         .route_service(MCP_PATH, service)
-        .layer(middleware::from_fn_with_state(Arc::new(auth), guard))
+        .layer(middleware::from_fn_with_state(guard_state, guard))
 }
 
 /// Serves MCP until `shutdown` is cancelled.
@@ -101,30 +123,30 @@ fn json_error(status: StatusCode, body: &Value) -> Response {
     response
 }
 
-async fn guard(State(auth): State<Arc<Authenticator>>, request: Request, next: Next) -> Response {
+async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let token = bearer(
         request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok()),
     );
-    let principal = match auth.authenticate(token) {
+    let principal = match g.auth.authenticate(token) {
         Ok(p) => p,
         Err(e) => {
             let body = error_response(Value::Null, e.code, &e.message, e.details);
             return json_error(StatusCode::UNAUTHORIZED, &body);
         }
     };
-    let mut request = if request.method() == Method::POST {
-        match checked_body(request).await {
-            Ok(r) => r,
+    let (mut request, watch) = if request.method() == Method::POST {
+        match checked_body(&g.kernel, &principal, request).await {
+            Ok(checked) => checked,
             Err(response) => return response,
         }
     } else {
-        request
+        (request, None)
     };
     let disconnect = CancellationToken::new();
-    request.extensions_mut().insert(principal);
+    request.extensions_mut().insert(principal.clone());
     request
         .extensions_mut()
         .insert(Disconnect(disconnect.clone()));
@@ -136,6 +158,12 @@ async fn guard(State(auth): State<Arc<Authenticator>>, request: Request, next: N
         // gone either way, so say so plainly.
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
+    if let Some(watch) = watch {
+        if response.status().is_client_error() {
+            // The SDK refused the e-stop before its handler ran: serve it here.
+            return refused_estop(&g.kernel, principal, watch, response).await;
+        }
+    }
     response.map(|body| {
         Body::new(Guarded {
             inner: body,
@@ -144,8 +172,65 @@ async fn guard(State(auth): State<Arc<Authenticator>>, request: Request, next: N
     })
 }
 
-/// Reads a POST body (bounded) and refuses what is not strict JSON.
-async fn checked_body(request: Request) -> Result<Request, Response> {
+/// A well-formed e-stop handed to the SDK: its id and arguments, in case
+/// the SDK refuses it before its handler.
+struct EstopWatch {
+    id: Value,
+    arguments: Option<serde_json::Map<String, Value>>,
+}
+
+/// Serves an e-stop the SDK answered with `4xx`, and answers the protocol
+/// error saying the stop was served, with the SDK's status and reason.
+async fn refused_estop(
+    kernel: &Kernel,
+    principal: Principal,
+    watch: EstopWatch,
+    response: Response,
+) -> Response {
+    let status = response.status();
+    let bytes = to_bytes(response.into_body(), SDK_ERROR_BYTES_MAX)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
+    // The SDK's refusal is a JSON-RPC error or plain text; keep its message.
+    let why = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| text.chars().take(512).collect());
+    let estop = DefectiveEstop {
+        id: Some(watch.id),
+        code: Code::ProtocolInvalidRequest,
+        reason: "refused_by_transport",
+        message: format!("the MCP transport refused the e-stop ({status}): {why}"),
+        arguments: watch.arguments,
+    };
+    match estop.serve(kernel, Some(principal)).await {
+        Some(body) => json_error(status, &body),
+        None => StatusCode::ACCEPTED.into_response(),
+    }
+}
+
+/// Serves a defective e-stop and answers it: `400` with the protocol error,
+/// or `202` for a notification (never answered).
+async fn defective_estop(
+    kernel: &Kernel,
+    principal: &Principal,
+    estop: DefectiveEstop,
+) -> Response {
+    match estop.serve(kernel, Some(principal.clone())).await {
+        Some(body) => json_error(StatusCode::BAD_REQUEST, &body),
+        None => StatusCode::ACCEPTED.into_response(),
+    }
+}
+
+/// Reads a POST body (bounded) and refuses what is not strict JSON or not a
+/// usable `tools/call`; serves a defective e-stop. Answers the request to
+/// hand on, and what to watch if it is an e-stop.
+async fn checked_body(
+    kernel: &Kernel,
+    principal: &Principal,
+    request: Request,
+) -> Result<(Request, Option<EstopWatch>), Response> {
     let (parts, body) = request.into_parts();
     let Ok(bytes) = to_bytes(body, crate::REQUEST_BYTES_MAX).await else {
         let body = error_response(
@@ -157,16 +242,36 @@ async fn checked_body(request: Request) -> Result<Request, Response> {
         return Err(json_error(StatusCode::PAYLOAD_TOO_LARGE, &body));
     };
     let text = std::str::from_utf8(&bytes).map_err(|_| "the body is not UTF-8".to_owned());
-    if let Err(message) = text.and_then(parse_strict) {
-        let body = error_response(
-            Value::Null,
-            Code::ProtocolParseError,
-            "parse error",
-            json!({"reason": "invalid_json", "message": message}),
-        );
-        return Err(json_error(StatusCode::BAD_REQUEST, &body));
-    }
-    Ok(Request::from_parts(parts, Body::from(bytes)))
+    let value = match text.and_then(parse_strict) {
+        Ok(v) => v,
+        Err(message) => {
+            if let Some(estop) = screen::unparsable(&String::from_utf8_lossy(&bytes), &message) {
+                return Err(defective_estop(kernel, principal, estop).await);
+            }
+            let body = error_response(
+                Value::Null,
+                Code::ProtocolParseError,
+                "parse error",
+                json!({"reason": "invalid_json", "message": message}),
+            );
+            return Err(json_error(StatusCode::BAD_REQUEST, &body));
+        }
+    };
+    let watch = match screen::message(value) {
+        Screened::Pass(Value::Object(obj)) if screen::names_estop(&obj) => Some(EstopWatch {
+            id: obj.get("id").cloned().unwrap_or(Value::Null),
+            arguments: obj
+                .get("params")
+                .and_then(|p| p.get("arguments"))
+                .and_then(Value::as_object)
+                .cloned(),
+        }),
+        Screened::Pass(_) => None,
+        Screened::Refuse(Some(body)) => return Err(json_error(StatusCode::BAD_REQUEST, &body)),
+        Screened::Refuse(None) => return Err(StatusCode::ACCEPTED.into_response()),
+        Screened::Estop(estop) => return Err(defective_estop(kernel, principal, estop).await),
+    };
+    Ok((Request::from_parts(parts, Body::from(bytes)), watch))
 }
 
 /// A response body that cancels its disconnect token when dropped before

@@ -16,6 +16,7 @@
 
 pub mod http;
 mod render;
+mod screen;
 pub mod stdio;
 
 use crate::tools::{self, ToolKind};
@@ -233,36 +234,8 @@ impl TetherMcp {
     }
 
     async fn call_estop(&self, args: &Value, p: Option<Principal>) -> CallToolResult {
-        let known = self.kernel.device_ids();
-        let named = args.get("device_id").and_then(Value::as_str);
-        // A device the endpoint does not serve stops every device: when a
-        // model asks to stop, stopping too much is the safe mistake.
-        let device_ids = named
-            .filter(|d| known.iter().any(|k| k == d))
-            .map(|d| vec![d.to_owned()])
-            .unwrap_or_default();
-        let reason: String = args
-            .get("reason")
-            .and_then(Value::as_str)
-            .unwrap_or("estop tool (MCP)")
-            .chars()
-            .take(REASON_CHARS_MAX)
-            .collect();
-        let envelope_defect = named
-            .filter(|_| device_ids.is_empty())
-            .map(|d| format!("unknown device `{d}`: every device was stopped"));
-        let receipt = self
-            .kernel
-            .estop(EstopRequest {
-                device_ids,
-                reason,
-                envelope_defect,
-                requested_by: p,
-                session_id: None,
-                deadline: None,
-            })
-            .await;
-        render::receipt(&receipt)
+        let (receipt, unknown) = estop_receipt(&self.kernel, args.as_object(), p, None).await;
+        render::estop(&receipt, unknown.as_deref())
     }
 
     async fn call_read(&self, tool: &tools::Tool, args: &Value, p: &Principal) -> CallToolResult {
@@ -400,6 +373,57 @@ impl TetherMcp {
         // A client that stopped listening for progress is no reason to stop.
         let _ = ctx.peer.notify_progress(param).await;
     }
+}
+
+/// The e-stop behind the `estop` tool and behind a defective request for it
+/// (`defect` says what was wrong; it is recorded in the latch reason). A
+/// device named in `args` that the endpoint serves is stopped alone; any
+/// other request stops every device: when a model asks to stop, stopping too
+/// much is the safe mistake. Answers the receipt and the named device when
+/// it is not served.
+async fn estop_receipt(
+    kernel: &Kernel,
+    args: Option<&serde_json::Map<String, Value>>,
+    p: Option<Principal>,
+    defect: Option<&str>,
+) -> (Value, Option<String>) {
+    let known = kernel.device_ids();
+    let named = args
+        .and_then(|a| a.get("device_id"))
+        .and_then(Value::as_str);
+    let device_ids = named
+        .filter(|d| known.iter().any(|k| k == d))
+        .map(|d| vec![d.to_owned()])
+        .unwrap_or_default();
+    let reason: String = args
+        .and_then(|a| a.get("reason"))
+        .and_then(Value::as_str)
+        .unwrap_or("estop tool (MCP)")
+        .chars()
+        .take(REASON_CHARS_MAX)
+        .collect();
+    let unknown = named
+        .filter(|_| device_ids.is_empty())
+        .map(|d| d.chars().take(REASON_CHARS_MAX).collect::<String>());
+    let unknown_defect = unknown
+        .as_deref()
+        .map(|d| format!("unknown device `{d}`: every device was stopped"));
+    let envelope_defect = match (defect, unknown_defect) {
+        (Some(d), Some(u)) => Some(format!("{d}; {u}")),
+        (Some(d), None) => Some(d.to_owned()),
+        (None, u) => u,
+    };
+    let receipt = kernel
+        .estop(EstopRequest {
+            device_ids,
+            reason,
+            envelope_defect,
+            requested_by: p,
+            session_id: None,
+            deadline: None,
+        })
+        .await;
+    (receipt, unknown)
 }
 
 /// The call being supervised, for progress and cancellation.

@@ -49,6 +49,78 @@ pub(super) fn receipt(receipt: &Value) -> CallToolResult {
     result
 }
 
+/// An e-stop's receipt as a tool result. The receipt of a stop that covered
+/// several devices is the first device's (with the rest under
+/// `x-vendor.estop`), so the first text names every device stopped, and says
+/// when the device the call named is not served (which stopped them all).
+pub(super) fn estop(receipt: &Value, unknown: Option<&str>) -> CallToolResult {
+    let mut result = self::receipt(receipt);
+    let line = estop_line(receipt, unknown);
+    if let Some(first) = result.content.first_mut() {
+        *first = ContentBlock::text(line);
+    }
+    result
+}
+
+/// `(device_id, status)` of every device an e-stop receipt covers.
+fn stopped_devices(receipt: &Value) -> Vec<(String, String)> {
+    let text = |v: &Value, default: &str| v.as_str().unwrap_or(default).to_owned();
+    match receipt["x-vendor.estop"]["devices"].as_array() {
+        Some(list) => list
+            .iter()
+            .map(|d| (text(&d["device_id"], "?"), text(&d["status"], "unknown")))
+            .collect(),
+        None => vec![(
+            text(&receipt["device_id"], "?"),
+            text(&receipt["status"], "unknown"),
+        )],
+    }
+}
+
+fn estop_line(receipt: &Value, unknown: Option<&str>) -> String {
+    let devices = stopped_devices(receipt);
+    let every = unknown.is_some() || receipt["x-vendor.estop"]["scope"] == "all_devices";
+    let all_completed = devices.iter().all(|(_, s)| s == "completed");
+    let names: Vec<String> = devices
+        .iter()
+        .map(|(id, status)| {
+            if all_completed {
+                id.clone()
+            } else {
+                format!("{id} ({status})")
+            }
+        })
+        .collect();
+    let mut line = String::new();
+    if let Some(d) = unknown {
+        line.push_str(&format!(
+            "No device `{d}` is served here, so every device was stopped. "
+        ));
+    }
+    let scope = if every { "every device" } else { "device" };
+    if all_completed {
+        line.push_str(&format!(
+            "E-stop completed: stopped {scope}: {}. Latched until an operator resets.",
+            names.join(", ")
+        ));
+    } else {
+        let e = &receipt["error"];
+        line.push_str(&refusal_line(
+            e["mhs_code"].as_str().unwrap_or("MHS.OUTCOME.UNKNOWN"),
+            e["message"]
+                .as_str()
+                .unwrap_or("the stop path did not complete"),
+            &e["details"],
+            receipt["status"].as_str().unwrap_or("unknown"),
+        ));
+        line.push_str(&format!(
+            " E-stop latched {scope}: {}; the latch stays and a failed stop path is retried.",
+            names.join(", ")
+        ));
+    }
+    line
+}
+
 /// An error the kernel answered before any receipt (session, device,
 /// input shape) as an error result naming the code.
 pub(super) fn api_error(e: &ApiError) -> CallToolResult {
@@ -229,6 +301,71 @@ mod tests {
             &json!({"status": "rejected", "error": {"mhs_code": "MHS.SAFETY.ESTOP_ENGAGED", "message": "latched", "details": {}}}),
         );
         assert_eq!(refused.is_error, Some(true));
+    }
+
+    #[test]
+    fn an_all_device_estop_names_every_device_and_an_unknown_one() {
+        let receipt = json!({
+            "status": "completed", "device_id": "thermostat-1",
+            "capability_id": "cap.internal.safety_estop.v1",
+            "x-vendor.estop": {"scope": "all_devices", "devices": [
+                {"device_id": "thermostat-1", "status": "completed"},
+                {"device_id": "arm-1", "status": "completed"},
+                {"device_id": "relay-1", "status": "completed"},
+            ]},
+        });
+        let result = estop(&receipt, None);
+        assert_eq!(result.is_error, Some(false));
+        let first = result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(
+            first.contains("stopped every device: thermostat-1, arm-1, relay-1"),
+            "{first}"
+        );
+        let result = estop(&receipt, Some("nope"));
+        let first = result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(
+            first.starts_with("No device `nope` is served here"),
+            "{first}"
+        );
+        assert!(first.contains("relay-1"), "{first}");
+    }
+
+    #[test]
+    fn a_one_device_estop_names_it_and_a_failed_stop_says_so() {
+        let one = json!({"status": "completed", "device_id": "arm-1"});
+        let first = estop(&one, None).content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(first.contains("stopped device: arm-1."), "{first}");
+        let failed = json!({
+            "status": "failed", "device_id": "arm-1",
+            "error": {"mhs_code": "MHS.SAFETY.SAFE_STATE_UNREACHED", "message": "no", "details": {}},
+            "x-vendor.estop": {"scope": "all_devices", "devices": [
+                {"device_id": "arm-1", "status": "failed"},
+                {"device_id": "relay-1", "status": "completed"},
+            ]},
+        });
+        let result = estop(&failed, None);
+        assert_eq!(result.is_error, Some(true));
+        let first = result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(
+            first.starts_with("MHS.SAFETY.SAFE_STATE_UNREACHED"),
+            "{first}"
+        );
+        assert!(
+            first.contains("arm-1 (failed), relay-1 (completed)"),
+            "{first}"
+        );
     }
 
     #[test]

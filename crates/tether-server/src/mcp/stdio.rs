@@ -6,13 +6,19 @@
 //! its own reader in front: each line is bounded (1 MiB), parsed strictly
 //! (duplicate keys, nesting deeper than 64, numbers outside f64 are refused)
 //! and only then handed to the SDK; a defect is answered with a JSON-RPC error
-//! on the same output. The end of stdin is the end of the connection: the
+//! on the same output. A `tools/call` of the `estop` tool that is defective,
+//! or that arrives before the SDK would serve it (before `initialize`, or
+//! without the request metadata a session-less 2026-07-28 request carries),
+//! is served here: the devices are latched and the protocol error says so
+//! (see [`super::screen`]). The end of stdin is the end of the connection: the
 //! kernel sessions it opened are closed at once, which cancels their running
 //! operations (the SDK itself would first wait up to 5 s for handlers).
 
+use super::screen::{self, DefectiveEstop, Screened};
 use super::TetherMcp;
 use crate::rpc::error_response;
 use crate::stdio::{read_line_bounded, Line};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, GetMeta, ProtocolVersion};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::{RoleServer, ServiceExt};
@@ -47,7 +53,7 @@ where
     let closed = CancellationToken::new();
     let server = TetherMcp::for_stdio(kernel, principal, closed.clone());
     let writer = Arc::new(Mutex::new(writer));
-    let inbox = spawn_reader(reader, Arc::clone(&writer), closed.clone());
+    let inbox = spawn_reader(reader, Arc::clone(&writer), closed.clone(), server.clone());
     // Closing the sessions at EOF, not when the SDK is done draining, is what
     // makes a closed stream cancel the calls still running.
     let closer = {
@@ -114,12 +120,41 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Transport<RoleServer> for StrictLin
     }
 }
 
+/// Which lifecycle the SDK selected, as far as the reader has forwarded
+/// messages (the SDK takes them in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifecycle {
+    /// Nothing selected yet: the SDK answers anything but `initialize`,
+    /// `ping`, `server/discover` and complete 2026-07-28 requests with an
+    /// error, without reaching the handler.
+    Unselected,
+    /// `initialize` was forwarded: requests need no metadata of their own.
+    Initialized,
+    /// A 2026-07-28 request selected the inline lifecycle: every request must
+    /// carry its metadata, or the SDK refuses it before the handler.
+    Inline,
+}
+
+/// What became of one line.
+#[derive(Debug)]
+enum Decoded {
+    /// A message for the SDK (boxed: it is much larger than the others).
+    Forward(Box<RxJsonRpcMessage<RoleServer>>),
+    /// Nothing to do (a defective notification is never answered).
+    Nothing,
+    /// A JSON-RPC error to answer.
+    Answer(Value),
+    /// An e-stop to serve here, then answer.
+    Estop(DefectiveEstop),
+}
+
 /// Reads lines on its own task (a read is never abandoned half-way), answers
 /// defective ones itself and forwards the rest; cancels `closed` at EOF.
 fn spawn_reader<R, W>(
     reader: R,
     writer: Arc<Mutex<W>>,
     closed: CancellationToken,
+    server: TetherMcp,
 ) -> mpsc::Receiver<RxJsonRpcMessage<RoleServer>>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -128,6 +163,7 @@ where
     let (tx, rx) = mpsc::channel(INBOX_DEPTH_MAX);
     tokio::spawn(async move {
         let mut reader = BufReader::new(reader);
+        let mut lifecycle = Lifecycle::Unselected;
         loop {
             let answer = match read_line_bounded(&mut reader, crate::REQUEST_BYTES_MAX).await {
                 Ok(Line::Eof) | Err(_) => break,
@@ -138,15 +174,31 @@ where
                     json!({"limit_bytes": crate::REQUEST_BYTES_MAX, "size_bytes": n}),
                 )),
                 Ok(Line::Text(bytes)) if bytes.iter().all(u8::is_ascii_whitespace) => None,
-                Ok(Line::Text(bytes)) => match decode(&bytes) {
-                    Ok(Some(message)) => {
-                        if tx.send(message).await.is_err() {
+                Ok(Line::Text(bytes)) => match decode(&bytes, &mut lifecycle) {
+                    Decoded::Forward(message) => {
+                        if tx.send(*message).await.is_err() {
                             break;
                         }
                         None
                     }
-                    Ok(None) => None,
-                    Err(answer) => Some(answer),
+                    Decoded::Nothing => None,
+                    Decoded::Answer(answer) => Some(answer),
+                    Decoded::Estop(estop) => {
+                        // Served on its own task: the stop path takes up to
+                        // a device's stop budget, and the next line (another
+                        // stop, a cancel) must not wait behind it. Tracked
+                        // with the connection's calls, so an exit waits for
+                        // the stop and its answer.
+                        let kernel = server.kernel.clone();
+                        let principal = server.conn.principal.clone();
+                        let writer = Arc::clone(&writer);
+                        server.conn.inflight.spawn(async move {
+                            if let Some(answer) = estop.serve(&kernel, principal).await {
+                                let _ = write_line(&writer, answer.to_string().into_bytes()).await;
+                            }
+                        });
+                        None
+                    }
                 },
             };
             if let Some(answer) = answer {
@@ -163,9 +215,10 @@ where
     rx
 }
 
-/// One line: a message for the SDK, nothing (a defective notification is
-/// never answered), or the JSON-RPC error to answer.
-fn decode(bytes: &[u8]) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Value> {
+/// One line: a message for the SDK, nothing, the JSON-RPC error to answer,
+/// or an e-stop the SDK would not serve. `lifecycle` follows what was
+/// forwarded.
+fn decode(bytes: &[u8], lifecycle: &mut Lifecycle) -> Decoded {
     let parse_error = |reason: &str, message: String| {
         error_response(
             Value::Null,
@@ -174,15 +227,36 @@ fn decode(bytes: &[u8]) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Value> {
             json!({"reason": reason, "message": message}),
         )
     };
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| parse_error("not_utf8", "the line is not UTF-8".into()))?;
-    let value = parse_strict(text).map_err(|m| parse_error("invalid_json", m))?;
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        let message = "the line is not UTF-8";
+        // Still an e-stop if it reads as one.
+        let lossy = String::from_utf8_lossy(bytes);
+        return match screen::unparsable(&lossy, message) {
+            Some(estop) => Decoded::Estop(estop),
+            None => Decoded::Answer(parse_error("not_utf8", message.into())),
+        };
+    };
+    let value = match parse_strict(text) {
+        Ok(v) => v,
+        Err(m) => {
+            return match screen::unparsable(text, &m) {
+                Some(estop) => Decoded::Estop(estop),
+                None => Decoded::Answer(parse_error("invalid_json", m)),
+            }
+        }
+    };
+    let value = match screen::message(value) {
+        Screened::Pass(v) => v,
+        Screened::Refuse(Some(answer)) => return Decoded::Answer(answer),
+        Screened::Refuse(None) => return Decoded::Nothing,
+        Screened::Estop(estop) => return Decoded::Estop(estop),
+    };
     let id = match value.get("id") {
         Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
         _ => Value::Null,
     };
     if !value.is_object() {
-        return Err(error_response(
+        return Decoded::Answer(error_response(
             id,
             Code::ProtocolInvalidRequest,
             "a message must be one JSON object (batches are not part of MCP)",
@@ -190,10 +264,24 @@ fn decode(bytes: &[u8]) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Value> {
         ));
     }
     let is_notification = value.get("id").is_none();
+    let arguments = value
+        .get("params")
+        .and_then(|p| p.get("arguments"))
+        .and_then(Value::as_object)
+        .cloned();
     match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value) {
-        Ok(message) => Ok(Some(message)),
-        Err(_) if is_notification => Ok(None),
-        Err(e) => Err(error_response(
+        Ok(message) => match follow_lifecycle(&message, lifecycle) {
+            None => Decoded::Forward(Box::new(message)),
+            Some(message) => Decoded::Estop(DefectiveEstop {
+                id: Some(id),
+                code: Code::ProtocolInvalidRequest,
+                reason: "not_initialized",
+                message,
+                arguments,
+            }),
+        },
+        Err(_) if is_notification => Decoded::Nothing,
+        Err(e) => Decoded::Answer(error_response(
             id,
             Code::ProtocolInvalidRequest,
             "not a valid MCP message",
@@ -202,29 +290,96 @@ fn decode(bytes: &[u8]) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Value> {
     }
 }
 
+/// Follows the lifecycle the SDK selects from the messages forwarded to it.
+/// Answers why, when `message` is a call of the `estop` tool the SDK would
+/// refuse before the handler (no lifecycle yet, or an inline lifecycle and
+/// no request metadata); it is then served here and not forwarded.
+fn follow_lifecycle(message: &ClientJsonRpcMessage, lifecycle: &mut Lifecycle) -> Option<String> {
+    let ClientJsonRpcMessage::Request(req) = message else {
+        return None;
+    };
+    let complete_meta = req
+        .request
+        .get_meta()
+        .missing_required_keys(&ProtocolVersion::V_2026_07_28)
+        .is_empty();
+    let estop = matches!(&req.request, ClientRequest::CallToolRequest(c) if c.params.name == crate::tools::ESTOP_TOOL);
+    match (&req.request, *lifecycle) {
+        (ClientRequest::InitializeRequest(_), Lifecycle::Unselected) => {
+            *lifecycle = Lifecycle::Initialized;
+            None
+        }
+        (_, Lifecycle::Initialized) => None,
+        (_, _) if estop && !complete_meta => Some(if *lifecycle == Lifecycle::Unselected {
+            "the e-stop was sent before initialize".to_owned()
+        } else {
+            "the e-stop lacks the request metadata (_meta) of a 2026-07-28 request".to_owned()
+        }),
+        (ClientRequest::DiscoverRequest(_) | ClientRequest::PingRequest(_), _) => None,
+        (_, Lifecycle::Unselected) if complete_meta => {
+            *lifecycle = Lifecycle::Inline;
+            None
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::decode;
+    use super::{decode, Decoded, Lifecycle};
+    use serde_json::Value;
+
+    fn answer(bytes: &[u8]) -> Value {
+        match decode(bytes, &mut Lifecycle::Initialized) {
+            Decoded::Answer(v) => v,
+            other => panic!("not answered: {other:?}"),
+        }
+    }
 
     #[test]
     fn duplicate_keys_and_deep_nesting_are_parse_errors() {
-        let dup = decode(br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#).expect_err("dup");
+        let dup = answer(br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#);
         assert_eq!(dup["error"]["code"], -32700);
         let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
-        assert_eq!(
-            decode(deep.as_bytes()).expect_err("deep")["error"]["code"],
-            -32700
-        );
+        assert_eq!(answer(deep.as_bytes())["error"]["code"], -32700);
     }
 
     #[test]
     fn a_ping_passes_and_a_malformed_request_is_invalid() {
         assert!(matches!(
-            decode(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
-            Ok(Some(_))
+            decode(
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+                &mut Lifecycle::Initialized
+            ),
+            Decoded::Forward(_)
         ));
-        let bad = decode(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":5}"#)
-            .expect_err("invalid");
+        let bad = answer(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":5}"#);
         assert_eq!(bad["id"], 7);
+        assert_eq!(bad["error"]["code"], -32602);
+    }
+
+    #[test]
+    fn a_duplicate_key_estop_is_served_not_refused() {
+        let line = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"estop","arguments":{"reason":"a","reason":"b"}}}"#;
+        assert!(matches!(
+            decode(line, &mut Lifecycle::Initialized),
+            Decoded::Estop(_)
+        ));
+    }
+
+    #[test]
+    fn an_estop_before_initialize_is_served_here_and_after_it_by_the_sdk() {
+        let estop =
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"estop","arguments":{}}}"#;
+        let mut lifecycle = Lifecycle::Unselected;
+        let Decoded::Estop(e) = decode(estop, &mut lifecycle) else {
+            panic!("not served before initialize");
+        };
+        assert_eq!(e.reason, "not_initialized");
+        assert_eq!(e.id, Some(serde_json::json!(1)));
+        let init = br#"{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+        assert!(matches!(decode(init, &mut lifecycle), Decoded::Forward(_)));
+        assert_eq!(lifecycle, Lifecycle::Initialized);
+        assert!(matches!(decode(estop, &mut lifecycle), Decoded::Forward(_)));
     }
 }
