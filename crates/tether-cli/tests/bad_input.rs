@@ -371,3 +371,14 @@ fn an_integral_number_written_as_a_float_reaches_the_driver_as_an_integer() {
     let again = s.command(json!({"session_id": sid, "device_id": "relay-1", "capability_id": "cap.io.relay.v1", "input": {"channel": 2, "on": true}, "command_id": "relay-float-1"}));
     assert_eq!(again["replayed"], true, "{again}");
 }
+
+#[test]
+fn an_estop_with_a_duplicate_key_still_latches_and_the_parse_error_says_so() {
+    let s = Server::http();
+    let body = br#"{"jsonrpc":"2.0","id":7,"method":"mhs.safety.estop","params":{"device_id":"relay-1","reason":"a","reason":"b"}}"#;
+    let resp = common::http_post(s.addr(), body, common::TIMEOUT);
+    let answer = resp.json();
+    let details = assert_rpc_error(&answer["error"], "MHS.PROTOCOL.PARSE_ERROR");
+    assert_eq!(details["estop_served"], true, "{answer}");
+    assert_eq!(s.status_of("relay-1")["latched"], true);
+}

@@ -110,15 +110,33 @@ pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) ->
     let value = match parse_strict(text) {
         Ok(v) => v,
         Err(msg) => {
+            let mut details = json!({"reason": "invalid_json", "message": msg});
+            // JSON that only the strict reading refuses (a duplicate key, a
+            // number beyond f64) is still recognisable: an e-stop in it
+            // latches, and the parse error says so.
+            if let Some(Value::Object(obj)) = lenient_parse(text) {
+                if estop_target(&obj) {
+                    let defect = format!("request is not strict JSON: {msg}");
+                    let receipt = serve_malformed_estop(kernel, principal, &obj, &defect).await;
+                    details["estop_served"] = json!(true);
+                    details["receipt"] = receipt;
+                }
+            }
             return Some(Reply::error(
                 Value::Null,
                 Code::ProtocolParseError,
                 "parse error",
-                json!({"reason": "invalid_json", "message": msg}),
-            ))
+                details,
+            ));
         }
     };
     handle_value(kernel, principal, value).await
+}
+
+/// The text read the permissive way (`serde_json`'s: the last duplicate key
+/// wins, depth bounded by its recursion limit), only to recognise an e-stop.
+fn lenient_parse(text: &str) -> Option<Value> {
+    serde_json::from_str(text).ok()
 }
 
 /// Whether a JSON object asks for an e-stop (by method, whatever the envelope).
