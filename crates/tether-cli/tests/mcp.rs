@@ -827,3 +827,72 @@ fn http_latches_a_malformed_or_sessionless_estop_and_says_it_was_served() {
         ["arm-1", "relay-1", "thermostat-1"]
     );
 }
+
+/// One raw request on `/mcp` with exactly the given header lines.
+fn raw_mcp(addr: SocketAddr, method: &str, headers: &str, body: &[u8]) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(common::TIMEOUT))
+        .expect("timeout");
+    let head = format!(
+        "{method} /mcp HTTP/1.1\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body));
+    let mut raw = Vec::new();
+    let _ = stream.take(1 << 20).read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+#[test]
+fn http_transport_refusals_are_json_rpc_errors() {
+    let s = McpHttp::start();
+    let addr = s.addr;
+    let auth = format!("Authorization: Bearer {AGENT_TOKEN}\r\n");
+    let list = br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    let cases: Vec<(String, String)> = vec![
+        // Wrong content type.
+        (
+            "POST".into(),
+            format!("Host: {addr}\r\n{auth}Content-Type: text/plain\r\nAccept: application/json, text/event-stream\r\n"),
+        ),
+        // No Accept for the event stream.
+        (
+            "POST".into(),
+            format!("Host: {addr}\r\n{auth}Content-Type: application/json\r\n"),
+        ),
+        // A GET without a session.
+        (
+            "GET".into(),
+            format!("Host: {addr}\r\n{auth}Accept: text/event-stream\r\n"),
+        ),
+    ];
+    for (method, headers) in cases {
+        let body: &[u8] = if method == "GET" { b"" } else { list };
+        let (status, head, text) = raw_mcp(addr, &method, &headers, body);
+        assert!(
+            (400..500).contains(&status),
+            "{method} {headers}: {status} {text}"
+        );
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(answer["jsonrpc"], "2.0", "{text}");
+        assert_eq!(
+            answer["error"]["data"]["mhs_code"], "MHS.PROTOCOL.INVALID_REQUEST",
+            "{text}"
+        );
+        assert_eq!(
+            answer["error"]["data"]["details"]["http_status"], status,
+            "{text}"
+        );
+    }
+}

@@ -306,7 +306,18 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
     k.approvals_decide(&human("op", true), &id, "approve", "ok")
         .await
         .expect("vote");
-    // Latched: the whole order runs again and refuses; the approval is not spent.
+    // A revision conflict: the whole order runs again and refuses after the
+    // policy step; the approval is given back, not spent.
+    let mut stale = req.clone();
+    stale.expected_revision = Some(12_345);
+    let r = k.command(&p, stale).await.expect("receipt");
+    assert_eq!(r["error"]["mhs_code"], "MHS.CONFLICT.REVISION", "{r}");
+    assert_eq!(
+        k.approvals_get(&human("op", true), &id).expect("get")["status"],
+        "approved"
+    );
+    // An e-stop revokes it: consent given before an incident never moves the
+    // device after the reset.
     k.estop(EstopRequest {
         device_ids: vec!["mixer-1".into()],
         reason: "drill".into(),
@@ -320,6 +331,6 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
     assert_eq!(r["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED", "{r}");
     assert_eq!(
         k.approvals_get(&human("op", true), &id).expect("get")["status"],
-        "approved"
+        "revoked"
     );
 }

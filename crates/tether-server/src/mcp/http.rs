@@ -164,12 +164,47 @@ async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Res
             return refused_estop(&g.kernel, principal, watch, response).await;
         }
     }
+    if response.status().is_client_error() && !is_json(&response) {
+        return transport_refusal(response).await;
+    }
     response.map(|body| {
         Body::new(Guarded {
             inner: body,
             on_drop: Some(disconnect.drop_guard()),
         })
     })
+}
+
+fn is_json(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"))
+}
+
+/// The SDK refuses some requests at the transport (wrong content type or
+/// `Accept`, a foreign `Host`, a missing session) with plain text; every
+/// refusal on this surface is a JSON-RPC error, so the text becomes one,
+/// with the SDK's status kept.
+async fn transport_refusal(response: Response) -> Response {
+    let status = response.status();
+    let bytes = to_bytes(response.into_body(), SDK_ERROR_BYTES_MAX)
+        .await
+        .unwrap_or_default();
+    let text: String = String::from_utf8_lossy(&bytes).chars().take(512).collect();
+    let message = if text.trim().is_empty() {
+        format!("the MCP transport refused the request ({status})")
+    } else {
+        text
+    };
+    let body = error_response(
+        Value::Null,
+        Code::ProtocolInvalidRequest,
+        &message,
+        json!({"reason": "refused_by_transport", "http_status": status.as_u16()}),
+    );
+    json_error(status, &body)
 }
 
 /// A well-formed e-stop handed to the SDK: its id and arguments, in case
