@@ -212,8 +212,29 @@ enum AuditAction {
     },
 }
 
+/// Commands that only print a report (`check`, `describe`, `codes`,
+/// `audit export|verify`) end quietly when their reader goes away
+/// (`tether audit export | head -1`), as Unix tools do: Rust ignores SIGPIPE,
+/// so printing to a closed pipe would otherwise panic or fail with an error.
+/// Serving commands keep ignoring it, so a peer that hangs up is an I/O
+/// error, never a kill.
+fn die_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any
+    // thread starts; no handler runs our code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Check { .. } | Command::Describe { .. } | Command::Codes | Command::Audit { .. }
+    ) {
+        die_quietly_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Serve {
             config,

@@ -158,3 +158,40 @@ fn serve_refuses_to_start_with_a_defective_manifest() {
         run.stdout_text()
     );
 }
+
+#[test]
+fn a_report_cut_short_by_its_reader_ends_quietly() {
+    use serde_json::json;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    // A chain larger than a pipe's buffer, so the export is still writing
+    // when its reader goes away (`tether audit export | head -1`).
+    let state = tempfile::tempdir().expect("tempdir");
+    {
+        let s = common::Server::start(common::Transport::Http, Some(state.path()));
+        let sid = s.session();
+        for i in 0..200 {
+            let r = s.command(json!({"session_id": sid, "device_id": "thermostat-1", "capability_id": "cap.thermal.setpoint.v1", "input": {"target_temperature": 20 + i % 50}}));
+            assert_eq!(r["status"], "completed", "{r}");
+        }
+    }
+    let mut child = Command::new(common::BIN)
+        .args(["audit", "export", "--state-dir"])
+        .arg(state.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut first = String::new();
+    {
+        let out = child.stdout.take().expect("stdout");
+        BufReader::new(out).read_line(&mut first).expect("line");
+    }
+    let done = child.wait_with_output().expect("wait");
+    assert!(first.starts_with('{'), "{first}");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        !stderr.contains("panicked") && !stderr.to_lowercase().contains("broken pipe"),
+        "{stderr}"
+    );
+}

@@ -1032,13 +1032,10 @@ impl Kernel {
             })?;
         let mut rows = Vec::new();
         for (i, rule) in rules.iter().enumerate() {
-            let amount = b.limits.draw_amount(&ctx.input, rule).map_err(|e| {
-                Refusal::new(
-                    Code::SafetyEnvelopeViolation,
-                    format!("budget path: {e}"),
-                    json!({"kind": "type", "limit_path": rule.path.to_string()}),
-                )
-            })?;
+            let amount = b
+                .limits
+                .draw_amount(&ctx.input, rule)
+                .map_err(|e| budget_draw_refusal(rule, &e))?;
             if amount == 0.0 {
                 continue;
             }
@@ -2228,4 +2225,29 @@ fn receipt_body_text(
         )
         .ok(),
     }
+}
+
+/// A value a budget cannot draw from (not a number, a sum that is not
+/// finite, too many values): refused with the same violation details as a
+/// bound's, so a caller can correct it the same way.
+fn budget_draw_refusal(
+    rule: &tether_limits::BudgetRule,
+    e: &tether_limits::budget::DrawError,
+) -> Refusal {
+    let (path, value) = match e {
+        tether_limits::budget::DrawError::NotANumber { path, value } => {
+            (path.clone(), value.clone())
+        }
+        _ => (rule.path.to_string(), Value::Null),
+    };
+    let violation = json!({"path": path, "kind": "type", "bound": rule.limit, "value": value, "unit": rule.unit, "source": rule.source, "limit_path": rule.path.to_string()});
+    let mut details = violation.clone();
+    details["violations"] = json!([violation]);
+    details["truncated"] = json!(false);
+    details["window"] = json!(rule.window.as_str());
+    Refusal::new(
+        Code::SafetyEnvelopeViolation,
+        format!("budget path: {e}"),
+        details,
+    )
 }

@@ -71,6 +71,14 @@ concurrency = "serialized"
 capability_id = "cap.state.read.v1"
 resource = "main"
 
+[[bindings]]
+capability_id = "x-cap.test.tally.v1"
+resource = "main"
+target = "dose"
+input_schema = { type = "object", additionalProperties = false, properties = { count = { "x-mhs-unit" = "mL" } } }
+output_schema = { type = "object" }
+limits.count = { max = 5, unit = "mL", per = "session" }
+
 [[interlocks]]
 id = "guard"
 description = "Guard door closed"
@@ -768,7 +776,7 @@ fn json_manifests_load_like_toml_and_refuse_duplicate_keys() {
         text: json_text.clone(),
     }];
     let cell = load(&src, None).expect("the JSON form loads");
-    assert_eq!(cell.devices[0].bindings.len(), 6);
+    assert_eq!(cell.devices[0].bindings.len(), 7);
     let dup = json_text.replacen(
         "\"device_id\":\"rig-1\"",
         "\"device_id\":\"rig-1\",\"device_id\":\"rig-2\"",
@@ -856,4 +864,29 @@ async fn a_minted_command_id_needs_no_store_lookup_even_past_the_index_capacity(
     let again = rig.run(req).await;
     assert_eq!(again["replayed"], true, "{again}");
     assert_eq!(again["receipt_id"], first["receipt_id"]);
+}
+
+#[tokio::test]
+async fn a_value_a_budget_cannot_draw_from_is_refused_with_full_violation_details() {
+    let rig = rig().await;
+    for bad in [json!("abc"), json!(true), json!([1]), json!({"a": 1})] {
+        let r = rig
+            .refused(
+                rig.req("x-cap.test.tally.v1", json!({ "count": bad })),
+                "MHS.SAFETY.ENVELOPE_VIOLATION",
+            )
+            .await;
+        let d = &r["error"]["details"];
+        assert_eq!(d["kind"], "type", "{r}");
+        assert_eq!(d["path"], "count", "{r}");
+        assert_eq!(d["value"], bad, "{r}");
+        assert_eq!(d["bound"], json!(5.0), "{r}");
+        assert!(d["source"].is_string(), "{r}");
+        assert_eq!(d["violations"][0]["path"], "count", "{r}");
+    }
+    assert_eq!(
+        rig.run(rig.req("x-cap.test.tally.v1", json!({"count": 5})))
+            .await["status"],
+        "completed"
+    );
 }

@@ -163,16 +163,36 @@ pub fn build(schema: &Value, sources: &[SourceRules]) -> Result<EffectiveLimits,
             .cmp(&(b.path.to_string(), &b.source, b.window))
             .then(a.limit.total_cmp(&b.limit))
     });
+    let budgets = smallest_budget_per_pool(gathered.budgets);
     gathered.unresolved.sort();
     gathered.unresolved.dedup();
     let unlimited = report::unlimited_paths(&resolver, &rules);
     Ok(EffectiveLimits {
         schema: schema.clone(),
         rules,
-        budgets: gathered.budgets,
+        budgets,
         unresolved: gathered.unresolved,
         unlimited,
     })
+}
+
+/// Budgets on the same path and window share one pool, so only the smallest
+/// applies: kept once, a draw is counted once against it (kept twice, every
+/// draw would be counted once per source and the pool would empty at half).
+/// `sorted` is in the order `build` sorts it; the result keeps that order.
+fn smallest_budget_per_pool(sorted: Vec<BudgetRule>) -> Vec<BudgetRule> {
+    let mut kept: Vec<BudgetRule> = Vec::with_capacity(sorted.len());
+    for rule in sorted {
+        let same_pool = kept
+            .iter_mut()
+            .find(|k| k.window == rule.window && k.path == rule.path);
+        match same_pool {
+            Some(k) if rule.limit < k.limit => *k = rule,
+            Some(_) => {}
+            None => kept.push(rule),
+        }
+    }
+    kept
 }
 
 fn gather_source(resolver: &Resolver<'_>, source: &SourceRules, out: &mut Gathered) {

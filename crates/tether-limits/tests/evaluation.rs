@@ -301,3 +301,37 @@ fn tuple_arrays_and_refs_resolve() {
         None
     );
 }
+
+#[test]
+fn budgets_on_one_pool_keep_only_the_smallest() {
+    let limits = arm_limits(vec![
+        binding(&[("speed", json!({"max": 500, "per": "session"}))]),
+        envelope(
+            "cap.motion.*",
+            &[("speed", json!({"max": 300, "per": "session"}))],
+        ),
+        binding(&[("accel", json!({"max": 9, "per": "session"}))]),
+        envelope(
+            "cap.motion.*",
+            &[("speed", json!({"max": 800, "per": "rolling_1h"}))],
+        ),
+    ]);
+    let pools: Vec<(String, &str, f64)> = limits
+        .budgets()
+        .iter()
+        .map(|b| (b.path.to_string(), b.window.as_str(), b.limit))
+        .collect();
+    assert_eq!(pools.len(), 3, "{pools:?}");
+    assert!(
+        pools.contains(&("speed".into(), "session", 300.0)),
+        "{pools:?}"
+    );
+    assert!(
+        pools.contains(&("speed".into(), "rolling_1h", 800.0)),
+        "{pools:?}"
+    );
+    assert!(
+        pools.contains(&("accel".into(), "session", 9.0)),
+        "{pools:?}"
+    );
+}
