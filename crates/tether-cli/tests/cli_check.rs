@@ -195,3 +195,57 @@ fn a_report_cut_short_by_its_reader_ends_quietly() {
         "{stderr}"
     );
 }
+
+#[test]
+fn check_refuses_a_schema_that_serve_could_not_compile() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, schema) in [
+        (
+            "bad-type",
+            r#"{ type = "object", properties = { x = { type = "foo" } } }"#,
+        ),
+        (
+            "bad-ref",
+            r##"{ type = "object", properties = { x = { "$ref" = "#/$defs/nope" } } }"##,
+        ),
+        (
+            "bad-pattern",
+            r#"{ type = "object", properties = { x = { type = "string", pattern = "([" } } }"#,
+        ),
+    ] {
+        let text = format!("{ARM_TOML}\n[[bindings]]\ncapability_id = \"x-cap.test.{}.v1\"\nresource = \"joints\"\ntarget = \"park\"\ninput_schema = {schema}\n", name.replace('-', "_"));
+        let f = write(dir.path(), &format!("arm-{name}.toml"), &text);
+        assert_defect(&f, &["bindings[5]", "schema does not compile"]);
+    }
+}
+
+#[test]
+fn a_draft_07_tuple_is_served_as_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!("{ARM_TOML}\n[[bindings]]\ncapability_id = \"x-cap.test.pair.v1\"\nresource = \"joints\"\ntarget = \"park\"\ninput_schema = {{ type = \"object\", properties = {{ pair = {{ type = \"array\", items = [ {{ type = \"number\", \"x-mhs-unit\" = \"rad\" }}, {{ type = \"number\", \"x-mhs-unit\" = \"rad\" }} ], additionalItems = false }} }} }}\nlimits.\"pair[1]\" = {{ max = 1, unit = \"rad\" }}\n");
+    let f = write(dir.path(), "arm-tuple.toml", &text);
+    let run = tether(&["check".as_ref(), f.as_os_str()]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let cfg = write(
+        dir.path(),
+        "tether.toml",
+        "builtin_cell = false\ndevices = [\"arm-tuple.toml\"]\n",
+    );
+    let s = common::Server::start_with(
+        common::Transport::Http,
+        None,
+        &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
+    );
+    let sid = s.session();
+    let over = s.command(serde_json::json!({"session_id": sid, "device_id": "arm-1", "capability_id": "x-cap.test.pair.v1", "input": {"pair": [0.5, 1.5]}}));
+    assert_eq!(
+        over["error"]["mhs_code"], "MHS.SAFETY.ENVELOPE_VIOLATION",
+        "{over}"
+    );
+    assert_eq!(over["error"]["details"]["path"], "pair[1]", "{over}");
+    let extra = s.command(serde_json::json!({"session_id": sid, "device_id": "arm-1", "capability_id": "x-cap.test.pair.v1", "input": {"pair": [0.5, 0.5, 0.5]}}));
+    assert_eq!(
+        extra["error"]["mhs_code"], "MHS.CAPABILITY.INPUT_INVALID",
+        "{extra}"
+    );
+}

@@ -264,7 +264,7 @@ fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
         .map_err(|e| e.to_string())
 }
 
-fn binding_rt(device: &str, b: &BindingSpec) -> Result<BindingRt, StartError> {
+pub(crate) fn binding_rt(device: &str, b: &BindingSpec) -> Result<BindingRt, StartError> {
     let err = |message: String| StartError::Schema {
         device: device.to_owned(),
         capability_id: b.capability_id.clone(),

@@ -141,10 +141,68 @@ impl Ctx<'_> {
 
 /// Parses manifest text as TOML, or JSON when the origin ends in `.json`.
 fn parse_manifest(src: &ManifestSource) -> Result<DeviceManifest, String> {
-    if src.origin.ends_with(".json") {
+    let mut m = if src.origin.ends_with(".json") {
         manifest::from_json(&src.text)
     } else {
         manifest::from_toml(&src.text)
+    }?;
+    for r in &mut m.resources {
+        tuple_items_as_prefix_items(&mut r.state_schema);
+    }
+    for b in &mut m.bindings {
+        for schema in [&mut b.input_schema, &mut b.output_schema]
+            .into_iter()
+            .flatten()
+        {
+            tuple_items_as_prefix_items(schema);
+        }
+    }
+    Ok(m)
+}
+
+/// Deepest nesting [`tuple_items_as_prefix_items`] rewrites; deeper schemas
+/// are left as written (and refused by the compile check if they need it).
+const TUPLE_REWRITE_DEPTH_MAX: usize = 64;
+
+/// Manifests may write a tuple the draft-07 way (`items: [..]`, the rest in
+/// `additionalItems`). A schema that names no `$schema` is read as draft
+/// 2020-12, where that form is `prefixItems` (and `items` for the rest), so
+/// it is rewritten at load: the limits engine, the write checks and the
+/// validator then all read one form. A schema that names its draft is left
+/// to that draft.
+fn tuple_items_as_prefix_items(schema: &mut Value) {
+    if schema.get("$schema").is_some() {
+        return;
+    }
+    rewrite_tuples(schema, 0);
+}
+
+fn rewrite_tuples(node: &mut Value, depth: usize) {
+    if depth >= TUPLE_REWRITE_DEPTH_MAX {
+        return;
+    }
+    match node {
+        Value::Object(members) => {
+            if members.get("items").is_some_and(Value::is_array)
+                && !members.contains_key("prefixItems")
+            {
+                if let Some(tuple) = members.remove("items") {
+                    members.insert("prefixItems".into(), tuple);
+                }
+                if let Some(rest) = members.remove("additionalItems") {
+                    members.insert("items".into(), rest);
+                }
+            }
+            for child in members.values_mut() {
+                rewrite_tuples(child, depth + 1);
+            }
+        }
+        Value::Array(items) => {
+            for child in items {
+                rewrite_tuples(child, depth + 1);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -228,6 +286,9 @@ pub fn load(
             defects: Vec::new(),
         };
         let spec = resolve_device(&mut ctx, manifest, src, dev_overlay, &overlay_origin);
+        if let Some(spec) = &spec {
+            check_schemas_compile(&mut ctx, spec);
+        }
         defects.append(&mut ctx.defects);
         if let (Some(spec), None) = (spec, first_origin) {
             cell.devices.push(spec);
@@ -247,6 +308,25 @@ pub fn load(
         Ok(cell)
     } else {
         Err(defects)
+    }
+}
+
+/// Every schema the kernel will serve must compile: `check` refuses what
+/// `serve` would (a bad `type`, an unresolvable `$ref`, a bad pattern...).
+fn check_schemas_compile(ctx: &mut Ctx<'_>, spec: &DeviceSpec) {
+    for b in &spec.bindings {
+        if let Err(e) = crate::kernel::binding_rt(&spec.manifest.device_id, b) {
+            let index = spec
+                .manifest
+                .bindings
+                .iter()
+                .position(|d| d.capability_id == b.capability_id && d.resource == b.resource);
+            let field = match index {
+                Some(i) => format!("bindings[{i}].input_schema"),
+                None => format!("bindings({}, {})", b.capability_id, b.resource),
+            };
+            ctx.defect(field, e.to_string());
+        }
     }
 }
 
