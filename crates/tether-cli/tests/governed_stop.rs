@@ -196,3 +196,44 @@ fn a_non_operator_reset_elsewhere_never_releases_a_hardware_latch() {
         "an agent's reset must not release a hardware latch"
     );
 }
+
+/// A motion cut short by the process dying (SIGKILL) is never run a second
+/// time under its command id: start-up records its outcome as `unknown`.
+#[test]
+fn a_motion_interrupted_by_a_crash_is_unknown_and_never_runs_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let mut cmd = long_move("-");
+    cmd["command_id"] = json!("crash-move-1");
+    {
+        let mut s = Server::start(Transport::Http, Some(&state));
+        let sid = s.session();
+        cmd["session_id"] = json!(sid);
+        let body =
+            json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": cmd}).to_string();
+        let addr = s.addr();
+        // The answer never comes: the process dies first.
+        let sender = std::thread::spawn(move || {
+            let _ = common::http_post(addr, body.as_bytes(), Duration::from_secs(5));
+        });
+        poll_until("the motion to be running", Duration::from_secs(5), || {
+            s.status_of(ARM)["running_operations"]
+                .as_array()
+                .is_some_and(|o| !o.is_empty())
+        });
+        s.kill();
+        let _ = sender.join();
+    }
+    let s = Server::start(Transport::Http, Some(&state));
+    let sid = s.session();
+    cmd["session_id"] = json!(sid);
+    let again = s.command(cmd);
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["status"], "unknown", "{again}");
+    assert!(
+        s.status_of(ARM)["running_operations"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "nothing was dispatched"
+    );
+}

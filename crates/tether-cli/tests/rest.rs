@@ -712,9 +712,14 @@ fn an_invocation_is_retained_across_a_restart_and_a_lost_one_reads_unknown() {
     );
     let result = ok(get(&s, &format!("/invocations/{lost}/result")), 200);
     assert_eq!(result["status"], "unknown", "{result}");
-    assert!(result["receipt"].is_null(), "{result}");
+    // Start-up recorded the crashed motion's outcome under its command id.
+    assert_eq!(result["receipt"]["status"], "unknown", "{result}");
     assert_eq!(
-        result["error"]["details"]["stopped"], false,
+        result["error"]["details"]["reason"], "endpoint_crashed",
+        "{result}"
+    );
+    assert_ne!(
+        result["error"]["details"]["stopped"], true,
         "unknown is never a stop: {result}"
     );
     let cancel = ok(
@@ -736,6 +741,33 @@ fn an_invocation_is_retained_across_a_restart_and_a_lost_one_reads_unknown() {
     );
     assert_eq!(late["stop_delivered"], false, "{late}");
     assert_eq!(late["reason"], "already_finished", "{late}");
+    // Its command id is never run a second time: the same invocation again
+    // is answered with the recorded `unknown`, and the lost one stays so.
+    let record = ok(get(&s, &format!("/invocations/{lost}")), 200);
+    let command_id = record["command_id"]
+        .as_str()
+        .expect("command_id")
+        .to_owned();
+    let again = invoke(
+        &s,
+        "arm-1__move_to",
+        json!({"input": {"joints": [2.0, 0, 0, 0, 0, 0], "speed": 0.5}, "command_id": command_id}),
+    );
+    let text = again.1.to_string();
+    assert!(
+        !text.contains("\"completed\""),
+        "a crashed command must not run again: {text}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let result = ok(get(&s, &format!("/invocations/{lost}/result")), 200);
+    assert_eq!(result["status"], "unknown", "{result}");
+    let ctx = ok(get(&s, "/tools/arm-1__move_to/context"), 200);
+    assert!(
+        ctx["context"]["running_operations"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "nothing runs: {ctx}"
+    );
 }
 
 /// Property-based API test: schemathesis (pinned in tests/rest/requirements.txt,

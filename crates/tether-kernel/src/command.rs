@@ -1101,6 +1101,22 @@ impl Kernel {
         }
     }
 
+    /// Whether a call's start is made durable, as an open operation, before
+    /// it is dispatched: every effectful call on a physical device, and on a
+    /// simulated one every call that runs for a while (an exclusive or
+    /// time-bounded operation, such as a motion). A process that dies while
+    /// such a call runs leaves the open operation, and start-up records the
+    /// id's outcome as `unknown`, so the same `command_id` is never run a
+    /// second time. A simulated instant call (a setpoint) writes its
+    /// admission with its receipt: one commit instead of two, and between
+    /// dispatch and that commit there is only the driver's own call.
+    pub(crate) fn start_is_tracked(mode: Mode, b: &BindingSpec) -> bool {
+        if !Kernel::is_effectful(b) {
+            return false;
+        }
+        mode.is_physical() || b.concurrency == Concurrency::Exclusive || b.max_duration_ms.is_some()
+    }
+
     /// Step 12: lock, revision, durable admission evidence, dispatch, output
     /// validation, receipt.
     async fn dispatch(
@@ -1211,13 +1227,13 @@ impl Kernel {
             // simulated call writes its admission in the same commit as its
             // receipt: nothing physical can happen in between, and one commit
             // instead of two halves the evidence cost of the common case.
-            let must_be_durable = (dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b))
-                || !admitted.reservations.is_empty();
+            let tracked = Kernel::start_is_tracked(dev.spec.manifest.mode, b);
+            let must_be_durable = tracked || !admitted.reservations.is_empty();
             let durable = if must_be_durable {
-                // A physical call's start is also an open operation: if the
+                // A tracked call's start is also an open operation: if the
                 // process dies before its finish is recorded, start-up finds it
-                // and records a crashed finish.
-                let open_ops = if dev.spec.manifest.mode.is_physical() {
+                // and records a crashed finish (`unknown`) under its id.
+                let open_ops = if tracked {
                     vec![tether_store::OpenOp {
                         command_id: ctx.command_id.clone(),
                         info: json!({"device_id": dev.id(), "resource": b.resource, "capability_id": b.capability_id, "operation_id": op_id, "input_digest": ctx.digest, "key": ctx.key, "started_at_ms": now_ms()}),
@@ -1583,7 +1599,7 @@ impl Kernel {
             } else {
                 Vec::new()
             },
-            closed_ops: if physical {
+            closed_ops: if Kernel::start_is_tracked(dev.spec.manifest.mode, b) {
                 vec![ctx.command_id.clone()]
             } else {
                 Vec::new()

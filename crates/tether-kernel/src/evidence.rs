@@ -170,7 +170,7 @@ fn unknown_receipt(
         "resource": resource,
         "status": "unknown",
         "output": null,
-        "error": {"mhs_code": "MHS.OUTCOME.UNKNOWN", "message": "the finish of this physical call could not be recorded; read the device before acting again", "details": {"reason": reason}, "retryable": false},
+        "error": {"mhs_code": "MHS.OUTCOME.UNKNOWN", "message": "the finish of this call was not recorded (the endpoint stopped while it ran); read the device before acting again", "details": {"reason": reason}, "retryable": false},
         "completed_at_ms": now_ms(),
         "replayed": false,
     })
