@@ -916,13 +916,60 @@ async fn serve_network(
     }
     eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        () = stop_requested() => {}
         // A listener that fails ends the endpoint (and says why).
         Some(ended) = servers.join_next() => ended??,
     }
+    wind_down(kernel).await;
     shutdown.cancel();
-    while servers.join_next().await.is_some() {}
+    // In-flight requests end quickly once their operations are cancelled;
+    // the wait is bounded all the same.
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Longest wait, at shutdown, for running operations to end and then for
+/// in-flight requests to be answered.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Ctrl-C, or SIGTERM (what a service manager sends): either ends the
+/// endpoint the same orderly way.
+async fn stop_requested() {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Cancels every running operation and waits (bounded) until each has
+/// recorded how it ended, so a motion interrupted by a shutdown reads
+/// `cancelled`, not `unknown`. Stops are left to finish.
+async fn wind_down(kernel: &Kernel) {
+    let asked = kernel.cancel_all_operations("endpoint shutting down");
+    if asked > 0 {
+        eprintln!("tether: shutting down: cancelling {asked} running operation(s)");
+    }
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+    while kernel.running_operations() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// `tether mcp`: MCP on stdio for a client that launches the endpoint.

@@ -237,3 +237,39 @@ fn a_motion_interrupted_by_a_crash_is_unknown_and_never_runs_again() {
         "nothing was dispatched"
     );
 }
+
+/// SIGTERM (a service stop) ends the endpoint in order: a running motion is
+/// cancelled and its receipt recorded, so its id replays `cancelled`.
+#[test]
+fn sigterm_cancels_a_running_motion_and_records_its_receipt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let mut cmd = long_move("-");
+    cmd["command_id"] = json!("term-move-1");
+    {
+        let mut s = Server::start(Transport::Http, Some(&state));
+        let sid = s.session();
+        cmd["session_id"] = json!(sid);
+        let body =
+            json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": cmd}).to_string();
+        let addr = s.addr();
+        let sender = std::thread::spawn(move || {
+            common::http_post(addr, body.as_bytes(), Duration::from_secs(10))
+        });
+        poll_until("the motion to be running", Duration::from_secs(5), || {
+            s.status_of(ARM)["running_operations"]
+                .as_array()
+                .is_some_and(|o| !o.is_empty())
+        });
+        let status = s.terminate().expect("the endpoint exits after SIGTERM");
+        assert!(status.success(), "{status:?}");
+        let answer = sender.join().expect("sender").json();
+        assert_eq!(answer["result"]["status"], "cancelled", "{answer}");
+    }
+    let s = Server::start(Transport::Http, Some(&state));
+    let sid = s.session();
+    cmd["session_id"] = json!(sid);
+    let again = s.command(cmd);
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["status"], "cancelled", "{again}");
+}

@@ -496,6 +496,20 @@ impl Kernel {
     }
 
     /// Effectful operations running on a device, as `(operation_id, capability_id)`.
+    /// Shutdown: asks every running operation (stops excepted) to give up, so
+    /// each ends with a recorded `cancelled` receipt instead of being cut off
+    /// by the process's end. Answers how many were asked.
+    pub fn cancel_all_operations(&self, why: &str) -> usize {
+        (0..self.inner.devices.len())
+            .map(|d| self.cancel_device_ops(d, why).len())
+            .sum()
+    }
+
+    /// Operations still running (stops included).
+    pub fn running_operations(&self) -> usize {
+        self.inner.ops.lock().map(|ops| ops.len()).unwrap_or(0)
+    }
+
     pub(crate) fn running_on(&self, device: usize) -> Vec<(String, String)> {
         self.inner
             .ops

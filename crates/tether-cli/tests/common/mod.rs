@@ -286,6 +286,22 @@ impl Server {
             .unwrap_or_else(|| panic!("no {device} in status {r}"))
     }
 
+    /// Sends SIGTERM (what a service manager sends) and waits, bounded, for
+    /// the process to exit; answers its exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let deadline = Instant::now() + TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Kills the process and waits for it (idempotent).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
