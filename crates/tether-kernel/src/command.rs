@@ -92,9 +92,14 @@ fn session_error(fault: SessionFault, sid: &str) -> ApiError {
             json!({"session_id": sid}),
         ),
         SessionFault::Full => ApiError::new(
-            Code::ProtocolInternal,
-            "too many live sessions; close some first",
+            Code::SessionLimit,
+            "too many live sessions on this endpoint; close some or let them expire",
             json!({"reason": "sessions_full"}),
+        ),
+        SessionFault::PrincipalFull => ApiError::new(
+            Code::SessionLimit,
+            "this caller holds too many live sessions; close some or let them expire",
+            json!({"reason": "principal_sessions_full"}),
         ),
     }
 }

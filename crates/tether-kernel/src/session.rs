@@ -37,23 +37,31 @@ pub enum SessionFault {
     Unknown,
     /// Expired or closed.
     Expired,
-    /// Too many live sessions.
+    /// Too many live sessions on the endpoint.
     Full,
+    /// Too many live sessions of this principal.
+    PrincipalFull,
 }
 
-/// The session table. Bounded by `max` live sessions.
+/// The session table. Bounded by `max` live sessions, and by
+/// `per_principal_max` for each principal, so one caller (a runaway agent)
+/// can never take every session from the others — the operators included.
 #[derive(Debug)]
 pub struct Sessions {
     map: HashMap<String, Session>,
     max: usize,
+    per_principal_max: usize,
 }
 
 impl Sessions {
-    /// A table for at most `max` live sessions.
+    /// A table for at most `max` live sessions, a tenth of them (at least
+    /// one) per principal.
     pub fn new(max: usize) -> Self {
+        let max = max.max(1);
         Self {
             map: HashMap::new(),
-            max: max.max(1),
+            max,
+            per_principal_max: (max / 10).max(1),
         }
     }
 
@@ -64,7 +72,16 @@ impl Sessions {
     /// Opens a session.
     pub fn open(&mut self, s: Session, now_ms: u64) -> Result<(), SessionFault> {
         self.prune(now_ms);
-        let live = self.map.values().filter(|x| Self::live(x, now_ms)).count();
+        let (live, own) = self
+            .map
+            .values()
+            .filter(|x| Self::live(x, now_ms))
+            .fold((0usize, 0usize), |(all, own), x| {
+                (all + 1, own + usize::from(x.principal.id == s.principal.id))
+            });
+        if own >= self.per_principal_max {
+            return Err(SessionFault::PrincipalFull);
+        }
         if live >= self.max {
             return Err(SessionFault::Full);
         }

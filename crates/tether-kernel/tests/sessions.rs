@@ -84,3 +84,44 @@ async fn closing_a_session_cancels_its_running_motion() {
         .expect_err("closed session");
     assert_eq!(again.code.as_str(), "MHS.SESSION.EXPIRED");
 }
+
+#[tokio::test]
+async fn one_principal_never_takes_every_session() {
+    use std::sync::Arc;
+    use tether_kernel::{KernelConfig, PrincipalKind};
+    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    let config = KernelConfig {
+        sessions_max: 30,
+        ..KernelConfig::standard("t")
+    };
+    let k = Kernel::new(
+        config,
+        cell,
+        drivers,
+        Arc::new(tether_store::MemoryStore::new()),
+    )
+    .expect("kernel");
+    let agent = Principal::local_agent();
+    // A tenth of the table each: 3 of 30.
+    for _ in 0..3 {
+        k.session_open(&agent, SessionOpen::default())
+            .await
+            .expect("within the share");
+    }
+    let refused = k
+        .session_open(&agent, SessionOpen::default())
+        .await
+        .expect_err("over the share");
+    assert_eq!(refused.code.as_str(), "MHS.SESSION.LIMIT");
+    assert_eq!(refused.details["reason"], "principal_sessions_full");
+    let operator = Principal {
+        id: "alice".into(),
+        kind: PrincipalKind::Human,
+        operator: true,
+    };
+    k.session_open(&operator, SessionOpen::default())
+        .await
+        .expect("another principal still opens one");
+}

@@ -111,6 +111,7 @@ pub(crate) fn status_of(code: Code) -> StatusCode {
         | PolicyHeld
         | PolicyApprovalClosed => StatusCode::CONFLICT,
         PolicyApprovalExpired => StatusCode::GONE,
+        SessionLimit => StatusCode::TOO_MANY_REQUESTS,
         OutcomeTimeout => StatusCode::GATEWAY_TIMEOUT,
         DeviceUnavailable | EvidenceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         AdapterManifestInvalid
