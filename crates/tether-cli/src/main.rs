@@ -526,6 +526,11 @@ fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
         }
         AuditAction::Verify { state_dir, file } => {
             let report = match file {
+                // `-` is standard input, as for other Unix tools:
+                // `tether audit export | tether audit verify --file -`.
+                Some(f) if f.as_os_str() == "-" => {
+                    tether_store::verify::verify_jsonl(std::io::BufReader::new(std::io::stdin()))
+                }
                 Some(f) => {
                     let fh = std::fs::File::open(&f)
                         .with_context(|| format!("opening {}", f.display()))?;

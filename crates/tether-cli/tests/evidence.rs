@@ -254,3 +254,47 @@ fn tampering_with_an_exported_chain_is_detected_and_located() {
     // The untouched export still verifies.
     assert_eq!(intact_entries(&verify_file(&intact)), n);
 }
+
+#[test]
+fn verify_reads_an_export_from_standard_input() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let (work, lines) = exported_chain();
+    let mut text = Vec::new();
+    for l in &lines {
+        text.extend_from_slice(l);
+        text.push(b'\n');
+    }
+    let verify = |input: &[u8]| {
+        let mut child = Command::new(common::BIN)
+            .args(["audit", "verify", "--file", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input)
+            .expect("write");
+        child.wait_with_output().expect("wait")
+    };
+    let ok = verify(&text);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    let cut = &text[..text.len() - lines[lines.len() - 1].len() - 1];
+    let broken = verify(cut);
+    assert_eq!(
+        broken.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&broken.stdout)
+    );
+    drop(work);
+}
