@@ -50,13 +50,27 @@ pub fn reference_json(spec: &DeviceSpec) -> Value {
                 Some(c) if !read_only => {
                     let limits = c.limits.to_json();
                     let limit = limits.get("limits").and_then(|l| l.get(name)).cloned();
-                    // Unset: deferred to the operator and no overlay filled it.
-                    let operator_required = c
-                        .limits
-                        .rule(name)
-                        .is_some_and(|r| r.is_operator_required() && !r.is_filled());
+                    // Limits on members or elements inside the field
+                    // (`cfg.gain`, `arr[*]`): enforced too, so shown too.
+                    let within: serde_json::Map<String, Value> = limits
+                        .get("limits")
+                        .and_then(Value::as_object)
+                        .into_iter()
+                        .flatten()
+                        .filter(|(path, _)| is_within(path, name))
+                        .map(|(path, rule)| (path.clone(), rule.clone()))
+                        .collect();
+                    // Unset: deferred to the operator and no overlay filled it
+                    // (on the field or anything inside it).
+                    let operator_required = c.limits.rules().iter().any(|r| {
+                        let path = r.path().to_string();
+                        (path == *name || is_within(&path, name))
+                            && r.is_operator_required()
+                            && !r.is_filled()
+                    });
                     let mut e = entry;
                     e["limit"] = limit.unwrap_or(Value::Null);
+                    e["limits_within"] = Value::Object(within);
                     e["operator_required"] = json!(operator_required);
                     adjusts.push(e);
                 }
@@ -115,6 +129,13 @@ pub fn reference_json(spec: &DeviceSpec) -> Value {
     })
 }
 
+/// Whether limit path `path` addresses something inside field `name`
+/// (`name.x`, `name[*]`, `name[2].y`).
+fn is_within(path: &str, name: &str) -> bool {
+    path.strip_prefix(name)
+        .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
 fn limit_line(path: &str, l: &Value) -> String {
     let mut s = format!("`{path}`");
     let unit = l
@@ -130,6 +151,17 @@ fn limit_line(path: &str, l: &Value) -> String {
     }
     if let Some(a) = l.get("allowed").filter(|v| !v.is_null()) {
         let _ = write!(s, " allowed {a}");
+    }
+    if let Some(names) = l.get("names").and_then(Value::as_array) {
+        let names: Vec<&str> = names.iter().filter_map(Value::as_str).collect();
+        let _ = write!(s, " (elements: {})", names.join(", "));
+    }
+    if l.get("operator_required") == Some(&Value::Bool(true)) {
+        if l.get("min").is_some() || l.get("max").is_some() || l.get("allowed").is_some() {
+            s.push_str(" operator_required (filled by the operator overlay)");
+        } else {
+            s.push_str(" operator_required: unset, calls that set it are refused until an operator overlay fills it");
+        }
     }
     if let Some(src) = l.get("sources").or_else(|| l.get("source")) {
         let _ = write!(s, " (source: {src})");
@@ -190,14 +222,27 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
             x["resource"].as_str().unwrap_or(""),
             x["field"].as_str().unwrap_or("")
         );
+        let within = x
+            .get("limits_within")
+            .and_then(Value::as_object)
+            .filter(|w| !w.is_empty());
         let limit = match x.get("limit").filter(|v| !v.is_null()) {
-            _ if x["operator_required"] == json!(true) => {
+            _ if x["operator_required"] == json!(true) && within.is_none() => {
                 format!("`{name}` operator_required: refused until an operator overlay fills it")
             }
             Some(l) => limit_line(&name, l),
+            None if within.is_some() => format!("`{name}`: limits on what it holds"),
             None => format!("`{name}` no limit"),
         };
         let _ = writeln!(out, "- {limit}");
+        let resource = x["resource"].as_str().unwrap_or("");
+        for (path, rule) in within.into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  - {}",
+                limit_line(&format!("{resource}.{path}"), rule)
+            );
+        }
     }
     let _ = writeln!(out, "\n## Actions\n");
     for b in spec

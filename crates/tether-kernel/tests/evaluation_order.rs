@@ -890,3 +890,26 @@ async fn a_value_a_budget_cannot_draw_from_is_refused_with_full_violation_detail
         "completed"
     );
 }
+
+#[test]
+fn the_reference_shows_limits_on_what_an_adjustable_field_holds() {
+    let src = vec![ManifestSource {
+        origin: "rig-1.toml".into(),
+        text: MANIFEST.into(),
+    }];
+    let cell = load(&src, None).expect("rig loads");
+    let reference = tether_kernel::reference::reference_json(&cell.devices[0]);
+    let tuning = reference["adjusts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["field"] == "tuning"))
+        .cloned()
+        .expect("tuning is adjustable");
+    assert_eq!(
+        tuning["limits_within"]["tuning.gain"]["max"],
+        json!(4.0),
+        "{tuning}"
+    );
+    let text = tether_kernel::reference::reference_markdown(&cell.devices[0]);
+    assert!(text.contains("`main.tuning.gain` max 4"), "{text}");
+    assert!(!text.contains("`main.tuning` no limit"), "{text}");
+}

@@ -154,6 +154,9 @@ pub fn build(schema: &Value, sources: &[SourceRules]) -> Result<EffectiveLimits,
             Err(errs) => gathered.errors.extend(errs),
         }
     }
+    gathered
+        .errors
+        .extend(intersect::cross_path_widening(&gathered.entries));
     if !gathered.errors.is_empty() {
         return Err(gathered.errors);
     }
@@ -410,7 +413,12 @@ fn check_unit(field: &Field, spec: &RuleSpec, defects: &mut Defects) {
                 .ok()
                 .map(|c| (v, c))
         })
-        .map(|(v, c)| format!("; {v} {unit} would be {c} {field_unit}, write that"))
+        .map(|(v, c)| {
+            format!(
+                "; {v} {unit} would be {} {field_unit}, write that",
+                significant(c)
+            )
+        })
         .unwrap_or_default();
     defects.push((
         LoadErrorKind::UnitMismatch,
@@ -427,4 +435,11 @@ fn first_bound(spec: &RuleSpec) -> Option<f64> {
         .as_ref()
         .and_then(first)
         .or_else(|| spec.min.as_ref().and_then(first))
+}
+
+/// `x` rounded to 12 significant digits, written the shortest way: a
+/// conversion's binary noise (193.99999999999997 for 90 degC in degF) would
+/// otherwise be copied into a manifest and refuse the exact boundary.
+fn significant(x: f64) -> f64 {
+    format!("{x:.11e}").parse().unwrap_or(x)
 }

@@ -284,3 +284,74 @@ fn overlay_may_not_be_operator_required_itself() {
     let other = SourceRules::regular(SourceKind::Binding, rules(&[("speed", json!(5))]));
     assert_eq!(load_kinds(&[other]), ["invalid_rule"]);
 }
+
+#[test]
+fn an_overlay_on_another_spelling_of_the_same_elements_may_not_widen() {
+    // One joint against the per-element class bounds (joint 2 max 2.5).
+    let kinds = load_kinds(&[arm_class(), overlay(&[("joints[2]", json!({"max": 2.6}))])]);
+    assert_eq!(kinds, ["widening_overlay"]);
+    // An element of a variable array against its `[*]` rule.
+    let kinds = load_kinds(&[
+        binding(&[("waypoints[*].dwell", json!({"max": 10}))]),
+        overlay(&[("waypoints[0].dwell", json!({"max": 20}))]),
+    ]);
+    assert_eq!(kinds, ["widening_overlay"]);
+    // `[*]` in the overlay against one element's regular rule.
+    let kinds = load_kinds(&[
+        binding(&[("waypoints[3].dwell", json!({"max": 10}))]),
+        overlay(&[("waypoints[*].dwell", json!({"max": 20}))]),
+    ]);
+    assert_eq!(kinds, ["widening_overlay"]);
+    // Narrowing one element is fine.
+    let loads = |sources: &[tether_limits::SourceRules]| {
+        tether_limits::build(&arm_schema(), sources)
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    };
+    assert_eq!(
+        loads(&[arm_class(), overlay(&[("joints[2]", json!({"max": 2.0}))])]),
+        Ok(())
+    );
+    assert_eq!(
+        loads(&[
+            binding(&[("waypoints[*].dwell", json!({"max": 10}))]),
+            overlay(&[("waypoints[0].dwell", json!({"max": 5}))]),
+        ]),
+        Ok(())
+    );
+}
+
+#[test]
+fn an_overlay_may_not_allow_values_the_regular_range_forbids() {
+    let kinds = load_kinds(&[
+        binding(&[("speed", json!({"max": 2}))]),
+        overlay(&[("speed", json!({"allowed": [1, 5]}))]),
+    ]);
+    assert_eq!(kinds, ["widening_overlay"]);
+    assert!(tether_limits::build(
+        &arm_schema(),
+        &[
+            binding(&[("speed", json!({"max": 2}))]),
+            overlay(&[("speed", json!({"allowed": [0.5, 1]}))]),
+        ]
+    )
+    .is_ok());
+}
+
+#[test]
+fn a_unit_hint_is_rounded_so_it_can_be_copied() {
+    let schema =
+        json!({"type": "object", "properties": {"t": {"type": "number", "x-mhs-unit": "degF"}}});
+    let errors = tether_limits::build(
+        &schema,
+        &[binding(&[("t", json!({"max": 90, "unit": "degC"}))])],
+    )
+    .err()
+    .unwrap_or_default();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].message.contains("would be 194 degF"),
+        "{}",
+        errors[0].message
+    );
+}

@@ -64,6 +64,22 @@ impl Side {
         }
     }
 
+    /// The bounds that apply to element `i` alone (per-element slots pick
+    /// theirs; a single slot applies to every element).
+    fn element(&self, i: usize) -> Side {
+        let pick = |slots: &Option<Vec<Slot>>| {
+            slots
+                .as_ref()
+                .and_then(|s| s.get(i).or_else(|| s.first()).cloned())
+                .map(|slot| vec![slot])
+        };
+        Side {
+            min: pick(&self.min),
+            max: pick(&self.max),
+            allowed: self.allowed.clone(),
+        }
+    }
+
     fn has_bound(&self) -> bool {
         self.min.is_some() || self.max.is_some() || !self.allowed.is_empty()
     }
@@ -262,6 +278,21 @@ fn widening(key: &str, regular: &Side, overlay: &Side, errors: &mut Vec<LoadErro
             ));
         }
     }
+    if let Some(ovl) = overlay.allowed_set() {
+        if let Some((extra, bound)) = outside_range(&ovl, regular) {
+            let source = overlay
+                .allowed
+                .first()
+                .map(|l| l.source.clone())
+                .unwrap_or_default();
+            errors.push(load_error(
+                key,
+                LoadErrorKind::WideningOverlay,
+                source,
+                format!("allowed value {extra} is outside the regular {bound}"),
+            ));
+        }
+    }
     if let (Some(reg), Some(ovl)) = (regular.allowed_set(), overlay.allowed_set()) {
         if let Some(extra) = ovl.iter().find(|v| !contains(&reg, v)) {
             let source = overlay
@@ -277,6 +308,111 @@ fn widening(key: &str, regular: &Side, overlay: &Side, errors: &mut Vec<LoadErro
             ));
         }
     }
+}
+
+/// A numeric value of `allowed` that the regular min or max forbids (for
+/// per-element bounds: beyond every element's), and which bound.
+fn outside_range(allowed: &[Value], regular: &Side) -> Option<(Value, String)> {
+    let widest = |slots: &Option<Vec<Slot>>, prefer: Prefer| {
+        slots.as_ref().and_then(|s| {
+            s.iter().map(|x| x.value).reduce(|a, b| match prefer {
+                Prefer::Smaller => a.min(b),
+                Prefer::Larger => a.max(b),
+            })
+        })
+    };
+    // The loosest bound over the elements: a value past it is allowed nowhere.
+    let max = widest(&regular.max, Prefer::Larger);
+    let min = widest(&regular.min, Prefer::Smaller);
+    allowed.iter().find_map(|v| {
+        let x = v.as_f64()?;
+        match (min, max) {
+            (_, Some(m)) if x > m => Some((v.clone(), format!("max {m}"))),
+            (Some(m), _) if x < m => Some((v.clone(), format!("min {m}"))),
+            _ => None,
+        }
+    })
+}
+
+/// An overlay rule and a regular rule on different paths that address the
+/// same elements (`a[2]` and `a[*]`, `objs[0].p` and `objs[*].p`) are never
+/// compared by [`intersect`], which sees one path at a time: here each
+/// overlay rule is held against every regular rule covering, or covered by,
+/// its path, element by element, and may not be looser.
+pub(crate) fn cross_path_widening(
+    entries: &std::collections::BTreeMap<String, Entry>,
+) -> Vec<LoadError> {
+    let mut errors = Vec::new();
+    for (key, narrow) in entries {
+        if !narrow.contributions.iter().any(|c| c.narrow_only) {
+            continue;
+        }
+        let overlay_len = slot_len(narrow);
+        let overlay = Side::fold(
+            narrow.contributions.iter().filter(|c| c.narrow_only),
+            overlay_len,
+        );
+        for (other_key, regular_entry) in entries {
+            if other_key == key || regular_entry.contributions.iter().all(|c| c.narrow_only) {
+                continue;
+            }
+            let o = &narrow.field.canonical;
+            let r = &regular_entry.field.canonical;
+            // Which slot of each side speaks for the shared element.
+            let (o_slot, r_slot) = if let Some(element) = covers(r, o) {
+                (0, element)
+            } else if let Some(element) = covers(o, r) {
+                (element, 0)
+            } else {
+                continue;
+            };
+            let regular_len = slot_len(regular_entry);
+            let regular = Side::fold(
+                regular_entry
+                    .contributions
+                    .iter()
+                    .filter(|c| !c.narrow_only),
+                regular_len,
+            );
+            widening(
+                key,
+                &regular.element(r_slot),
+                &overlay.element(o_slot),
+                &mut errors,
+            );
+        }
+    }
+    errors
+}
+
+/// Whether `general` addresses every element `specific` does, with `[*]`
+/// where `specific` has `[N]` (at least once; the same path is not a
+/// cover). Answers the element index of the last segment when that is where
+/// they differ (it picks a per-element bound), else 0.
+fn covers(general: &crate::path::LimitPath, specific: &crate::path::LimitPath) -> Option<usize> {
+    use crate::path::Index;
+    let (g, s) = (general.segments(), specific.segments());
+    if g.len() != s.len() {
+        return None;
+    }
+    let mut substituted = false;
+    let mut element = 0;
+    for (i, (gs, ss)) in g.iter().zip(s).enumerate() {
+        if gs.name != ss.name {
+            return None;
+        }
+        match (gs.index, ss.index) {
+            (a, b) if a == b => {}
+            (Some(Index::All), Some(Index::At(n))) => {
+                substituted = true;
+                if i + 1 == g.len() {
+                    element = n;
+                }
+            }
+            _ => return None,
+        }
+    }
+    substituted.then_some(element)
 }
 
 fn first_wider<'a>(
