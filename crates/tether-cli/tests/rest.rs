@@ -611,6 +611,14 @@ fn with_principals_every_route_needs_a_token_and_invocations_belong_to_their_pri
         "MHS.AUTH.UNAUTHENTICATED",
     );
     assert_eq!(e["details"]["reason"], "missing_token");
+    let raw = http_request(s.addr(), "GET", "/tools", b"", TIMEOUT, "");
+    assert!(
+        raw.head
+            .to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "a 401 names its scheme: {}",
+        raw.head
+    );
     err(
         request(&s, "GET", "/tools", b"", Some("guess")),
         401,

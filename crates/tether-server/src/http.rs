@@ -52,7 +52,12 @@ async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> R
         Ok(p) => p,
         Err(e) => {
             let body = error_response(Value::Null, e.code, &e.message, e.details);
-            return json_response(StatusCode::UNAUTHORIZED, &body);
+            let mut response = json_response(StatusCode::UNAUTHORIZED, &body);
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            return response;
         }
     };
     let bytes = match to_bytes(body, crate::REQUEST_BYTES_MAX).await {

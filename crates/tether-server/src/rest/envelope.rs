@@ -174,7 +174,15 @@ impl IntoResponse for RestError {
             json!({})
         };
         let status = self.status.unwrap_or_else(|| status_of(self.code));
-        json_response(status, &error_body(self.code, &self.message, &details))
+        let mut response = json_response(status, &error_body(self.code, &self.message, &details));
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 9110: a 401 names the scheme it wants.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 
