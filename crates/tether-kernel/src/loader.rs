@@ -739,15 +739,25 @@ fn check_envelope(ctx: &mut Ctx<'_>, m: &DeviceManifest, bindings: &[BindingSpec
             ctx.defect(&field, "envelope keys are capability ids or patterns (cap.*, cap.<class>.*) [envelope-key-invalid]");
             continue;
         }
+        // Against the declared bindings: one whose limits failed (perhaps
+        // because of this very envelope) is still bound, and its own
+        // defects are already reported.
+        let declared = m
+            .bindings
+            .iter()
+            .any(|d| catalogue::key_matches(key, &d.capability_id));
+        if !declared {
+            ctx.defect(
+                &field,
+                "the envelope key matches no bound capability [envelope-unbound]",
+            );
+            continue;
+        }
         let matched: Vec<&BindingSpec> = bindings
             .iter()
             .filter(|b| catalogue::key_matches(key, &b.capability_id))
             .collect();
         if matched.is_empty() {
-            ctx.defect(
-                &field,
-                "the envelope key matches no bound capability [envelope-unbound]",
-            );
             continue;
         }
         for path in rules.keys() {

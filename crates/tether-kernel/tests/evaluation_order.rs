@@ -913,3 +913,15 @@ fn the_reference_shows_limits_on_what_an_adjustable_field_holds() {
     assert!(text.contains("`main.tuning.gain` max 4"), "{text}");
     assert!(!text.contains("`main.tuning` no limit"), "{text}");
 }
+
+#[test]
+fn a_defective_envelope_rule_is_reported_once_at_its_binding() {
+    let text =
+        format!("{MANIFEST}\n[safety.envelope.\"x-cap.test.dose.v1\"]\namount = {{ maxx = 5 }}\n");
+    let msg = defects(&text, None);
+    assert!(msg.contains("maxx"), "{msg}");
+    assert!(
+        !msg.contains("matches no bound capability"),
+        "the key does match a bound capability: {msg}"
+    );
+}
