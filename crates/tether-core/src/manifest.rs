@@ -317,6 +317,19 @@ pub fn from_toml(text: &str) -> Result<DeviceManifest, String> {
     toml::from_str(text).map_err(|e| e.to_string())
 }
 
+/// The `device_id` of manifest text that the strict reading refuses (an
+/// unknown field, a duplicate key), read permissively so a defect can name
+/// its device; `None` when even that fails.
+pub fn device_id_of(text: &str, json: bool) -> Option<String> {
+    if json {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        v.get("device_id")?.as_str().map(str::to_owned)
+    } else {
+        let v: toml::Value = toml::from_str(text).ok()?;
+        v.get("device_id")?.as_str().map(str::to_owned)
+    }
+}
+
 /// Parses a manifest from JSON text (strictly: duplicate keys are refused).
 ///
 /// # Errors

@@ -160,6 +160,13 @@ fn parse_manifest(src: &ManifestSource) -> Result<DeviceManifest, String> {
     Ok(m)
 }
 
+/// The `device_id` of a manifest the strict reading refused (an unknown
+/// field, a duplicate key), read the permissive way so the defect can name
+/// the device; `None` when even that fails.
+fn loosely_read_device_id(src: &ManifestSource) -> Option<String> {
+    manifest::device_id_of(&src.text, src.origin.ends_with(".json"))
+}
+
 /// Deepest nesting [`tuple_items_as_prefix_items`] rewrites; deeper schemas
 /// are left as written (and refused by the compile check if they need it).
 const TUPLE_REWRITE_DEPTH_MAX: usize = 64;
@@ -259,7 +266,7 @@ pub fn load(
             Err(message) => {
                 defects.push(Defect {
                     file: src.origin.clone(),
-                    device: "-".into(),
+                    device: loosely_read_device_id(src).unwrap_or_else(|| "-".into()),
                     field: "-".into(),
                     message,
                 });
@@ -389,7 +396,7 @@ fn resolve_device(
         if !ov.is_empty() {
             overlay_applied = true;
         }
-        if let Some(b) = resolve_binding(ctx, &manifest, i, state_schema, &ov) {
+        if let Some(b) = resolve_binding(ctx, &manifest, i, state_schema, &ov, overlay_origin) {
             bindings.push(b);
         }
     }
@@ -488,6 +495,7 @@ fn resolve_binding(
     i: usize,
     state_schema: &Value,
     overlay_rules: &[(String, Value)],
+    overlay_origin: &str,
 ) -> Option<BindingSpec> {
     let decl = &m.bindings[i];
     let at = |f: &str| format!("bindings[{i}].{f}");
@@ -606,8 +614,15 @@ fn resolve_binding(
         Ok(l) => l,
         Err(errors) => {
             for e in errors {
+                // A defect of the overlay's rule is the overlay file's: named
+                // as the overlay's other defects are.
+                let field = if e.source == "overlay" && !overlay_origin.is_empty() {
+                    format!("{overlay_origin} -> {} -> {}", decl.capability_id, e.path)
+                } else {
+                    at(&format!("limits.{}", e.path))
+                };
                 ctx.defect(
-                    at(&format!("limits.{}", e.path)),
+                    field,
                     format!("[{}] {} ({})", e.reason.as_str(), e.message, e.source),
                 );
             }

@@ -733,6 +733,10 @@ fn overlay_defects_are_load_errors() {
         ),
     );
     assert!(widening.contains("widening"), "{widening}");
+    assert!(
+        widening.contains("site-limits.json -> x-cap.test.dose.v1 -> amount"),
+        "an overlay rule's defect names the overlay file: {widening}"
+    );
     let unbound = defects(
         MANIFEST,
         Some(r#"{"rig-1": {"cap.motion.move_to.v1": {"speed": {"max": 1}}}}"#),
@@ -924,4 +928,12 @@ fn a_defective_envelope_rule_is_reported_once_at_its_binding() {
         !msg.contains("matches no bound capability"),
         "the key does match a bound capability: {msg}"
     );
+}
+
+#[test]
+fn a_manifest_the_strict_reading_refuses_still_names_its_device() {
+    let text = format!("colour = \"blue\"\n{MANIFEST}");
+    let msg = defects(&text, None);
+    assert!(msg.contains("bad.toml") && msg.contains("rig-1"), "{msg}");
+    assert!(msg.contains("colour"), "{msg}");
 }
