@@ -13,6 +13,28 @@ fn long_move(sid: &str) -> Value {
     json!({"session_id": sid, "device_id": ARM, "capability_id": "cap.motion.move_to.v1", "input": {"joints": [1.0, 0, 0, 0, 0, 0], "speed": 0.5}})
 }
 
+/// Waits until the arm has a running operation.
+fn wait_running(s: &Server) {
+    poll_until("the motion to be running", Duration::from_secs(5), || {
+        s.status_of(ARM)["running_operations"]
+            .as_array()
+            .is_some_and(|o| !o.is_empty())
+    });
+}
+
+/// Sends `cmd` (a `mhs.command`'s params) on its own thread; its answer, if
+/// any comes within `timeout`, is the thread's result.
+fn send_in_background(
+    s: &Server,
+    cmd: &Value,
+    timeout: Duration,
+) -> std::thread::JoinHandle<common::HttpResponse> {
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": cmd}).to_string();
+    let addr = s.addr();
+    std::thread::spawn(move || common::http_post(addr, body.as_bytes(), timeout))
+}
+
 fn observed_delays(state_dir: &std::path::Path) -> Vec<u64> {
     let export = tether(&[
         "audit".as_ref(),
@@ -209,18 +231,9 @@ fn a_motion_interrupted_by_a_crash_is_unknown_and_never_runs_again() {
         let mut s = Server::start(Transport::Http, Some(&state));
         let sid = s.session();
         cmd["session_id"] = json!(sid);
-        let body =
-            json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": cmd}).to_string();
-        let addr = s.addr();
         // The answer never comes: the process dies first.
-        let sender = std::thread::spawn(move || {
-            let _ = common::http_post(addr, body.as_bytes(), Duration::from_secs(5));
-        });
-        poll_until("the motion to be running", Duration::from_secs(5), || {
-            s.status_of(ARM)["running_operations"]
-                .as_array()
-                .is_some_and(|o| !o.is_empty())
-        });
+        let sender = send_in_background(&s, &cmd, Duration::from_secs(5));
+        wait_running(&s);
         s.kill();
         let _ = sender.join();
     }
@@ -250,17 +263,8 @@ fn sigterm_cancels_a_running_motion_and_records_its_receipt() {
         let mut s = Server::start(Transport::Http, Some(&state));
         let sid = s.session();
         cmd["session_id"] = json!(sid);
-        let body =
-            json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": cmd}).to_string();
-        let addr = s.addr();
-        let sender = std::thread::spawn(move || {
-            common::http_post(addr, body.as_bytes(), Duration::from_secs(10))
-        });
-        poll_until("the motion to be running", Duration::from_secs(5), || {
-            s.status_of(ARM)["running_operations"]
-                .as_array()
-                .is_some_and(|o| !o.is_empty())
-        });
+        let sender = send_in_background(&s, &cmd, Duration::from_secs(10));
+        wait_running(&s);
         let status = s.terminate().expect("the endpoint exits after SIGTERM");
         assert!(status.success(), "{status:?}");
         let answer = sender.join().expect("sender").json();

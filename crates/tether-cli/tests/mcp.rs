@@ -294,30 +294,8 @@ fn wait_listening(child: &mut Child) -> SocketAddr {
 
 /// One raw HTTP/1.1 POST to `/mcp`; answers the status and body.
 fn post_mcp(addr: SocketAddr, body: &[u8], headers: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(common::TIMEOUT))
-        .expect("timeout");
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    // An early answer (401, 413) may close the connection mid-body.
-    let _ = stream
-        .write_all(head.as_bytes())
-        .and_then(|()| stream.write_all(body));
-    let mut raw = Vec::new();
-    let _ = stream.take(1 << 20).read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+    let head = format!("Host: {addr}\r\n{headers}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n");
+    let (status, _, body) = raw_mcp(addr, "POST", &head, body);
     (status, body)
 }
 

@@ -261,6 +261,12 @@ pub fn verify_jsonl(r: impl BufRead) -> VerifyReport {
 
 /// The entry count a seal line states, or `None` for any other entry.
 fn seal_entries(line: &[u8]) -> Option<u64> {
+    // Only the last line is a seal: a byte look spares every other line a
+    // second parse (the chain check already parsed it).
+    let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
+    if !line.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+        return None;
+    }
     let v: serde_json::Value = serde_json::from_slice(line).ok()?;
     if v.get("kind").and_then(serde_json::Value::as_str) != Some(EXPORT_SEAL_KIND) {
         return None;

@@ -280,11 +280,7 @@ fn widening(key: &str, regular: &Side, overlay: &Side, errors: &mut Vec<LoadErro
     }
     if let Some(ovl) = overlay.allowed_set() {
         if let Some((extra, bound)) = outside_range(&ovl, regular) {
-            let source = overlay
-                .allowed
-                .first()
-                .map(|l| l.source.clone())
-                .unwrap_or_default();
+            let source = allowed_source(overlay);
             errors.push(load_error(
                 key,
                 LoadErrorKind::WideningOverlay,
@@ -295,11 +291,7 @@ fn widening(key: &str, regular: &Side, overlay: &Side, errors: &mut Vec<LoadErro
     }
     if let (Some(reg), Some(ovl)) = (regular.allowed_set(), overlay.allowed_set()) {
         if let Some(extra) = ovl.iter().find(|v| !contains(&reg, v)) {
-            let source = overlay
-                .allowed
-                .first()
-                .map(|l| l.source.clone())
-                .unwrap_or_default();
+            let source = allowed_source(overlay);
             errors.push(load_error(
                 key,
                 LoadErrorKind::WideningOverlay,
@@ -413,6 +405,15 @@ fn covers(general: &crate::path::LimitPath, specific: &crate::path::LimitPath) -
         }
     }
     substituted.then_some(element)
+}
+
+/// The source named for an `allowed` defect: the overlay's first list.
+fn allowed_source(overlay: &Side) -> String {
+    overlay
+        .allowed
+        .first()
+        .map(|l| l.source.clone())
+        .unwrap_or_default()
 }
 
 fn first_wider<'a>(
