@@ -425,6 +425,25 @@ fn a_hold_on_a_read_command_is_a_deny_and_a_hold_on_a_stop_is_set_aside() {
         d.get("approval_id").is_none(),
         "no approval for a read: {read}"
     );
+    // What is recorded is what was done: a deny, which a hold became.
+    assert_eq!(read["decision"], "deny", "{read}");
+    assert_eq!(read["policy"]["decision"], "deny", "{read}");
+    assert_eq!(read["policy"]["hold_denied"], true, "{read}");
+    assert_eq!(d["policy"]["decision"], "deny", "{read}");
+    let direct = err(
+        &s,
+        AGENT,
+        "mhs.resource.read",
+        json!({"session_id": sid, "device_id": "relay-1", "resource": "bank"}),
+    );
+    assert_eq!(
+        direct["data"]["details"]["policy"]["decision"], "deny",
+        "{direct}"
+    );
+    assert_eq!(
+        direct["data"]["details"]["policy"]["hold_denied"], true,
+        "{direct}"
+    );
     let stop = ok(
         &s,
         AGENT,
@@ -772,4 +791,228 @@ fn a_rest_invocation_held_for_approval_then_resumed_by_command_id() {
     }
     assert_eq!(done["data"]["status"], "completed", "{done}");
     assert_eq!(live_setpoint(&s, AGENT, &sid), 70.0);
+}
+
+/// A REST invocation without a `command_id` that repeats an open hold takes
+/// the hold's id: it answers the same hold while pending, and runs once the
+/// quorum approved (as a request without its own id does over JSON-RPC).
+#[test]
+fn a_rest_invocation_without_a_command_id_resumes_the_hold_it_repeats() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let invoke = "/tools/thermostat-1__setpoint:invoke";
+    let hot = json!({"input": {"target_temperature": 71.0}});
+    let approval_of = |answer: &Value| {
+        assert_eq!(answer["error"]["code"], "MHS.POLICY.HELD", "{answer}");
+        answer["error"]["details"]["receipt"]["error"]["details"]["approval_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no approval id: {answer}"))
+            .to_owned()
+    };
+    let (_, first) = rest(&s, AGENT, "POST", invoke, &hot);
+    let approval = approval_of(&first);
+    let (_, again) = rest(&s, AGENT, "POST", invoke, &hot);
+    assert_eq!(approval_of(&again), approval, "the same hold: {again}");
+    for op in [ALICE, BOB] {
+        let d = decide(&s, op, &approval, "approve");
+        assert!(d.get("error").is_none(), "{d}");
+    }
+    let (status, resumed) = rest(&s, AGENT, "POST", invoke, &hot);
+    assert_eq!(status, 202, "{resumed}");
+    let inv = resumed["data"]["invocation_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let mut done = Value::Null;
+    poll_until("the resumed invocation ends", TIMEOUT, || {
+        let (status, r) = rest(
+            &s,
+            AGENT,
+            "GET",
+            &format!("/invocations/{inv}/result"),
+            &Value::Null,
+        );
+        done = r;
+        status == 200
+    });
+    assert_eq!(done["data"]["status"], "completed", "{done}");
+    let status = ok(
+        &s,
+        ALICE,
+        "mhs.approvals.get",
+        json!({"approval_id": approval}),
+    );
+    assert_eq!(status["status"], "used", "{status}");
+}
+
+// ----- MCP over HTTP, raw --------------------------------------------------
+
+/// The MCP listening address of a server started with `--mcp-http`.
+fn mcp_addr(s: &Server) -> std::net::SocketAddr {
+    let mut addr = None;
+    poll_until("the MCP listening line", TIMEOUT, || {
+        addr = s
+            .stderr_text()
+            .split("MCP listening on http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|host| host.parse().ok());
+        addr.is_some()
+    });
+    addr.expect("MCP address")
+}
+
+/// The JSON-RPC messages of an MCP answer (a JSON body or an event stream).
+fn mcp_messages(body: &str) -> Vec<Value> {
+    if let Ok(v) = serde_json::from_str::<Value>(body.trim()) {
+        return vec![v];
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str(d.trim()).ok())
+        .collect()
+}
+
+/// One MCP request on `/mcp` (2025-11-25, in the given session); answers
+/// the response to `id` and the response's head.
+fn mcp_post(
+    addr: std::net::SocketAddr,
+    token: &str,
+    session: Option<&str>,
+    msg: &Value,
+) -> (Value, String) {
+    let mut headers = format!(
+        "Authorization: Bearer {token}\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+    );
+    if let Some(sid) = session {
+        headers.push_str(&format!("Mcp-Session-Id: {sid}\r\n"));
+    }
+    let r = http_request(
+        addr,
+        "POST",
+        "/mcp",
+        msg.to_string().as_bytes(),
+        TIMEOUT,
+        &headers,
+    );
+    assert!(r.status < 300, "{msg}: {} {}", r.status, r.text());
+    let answer = mcp_messages(&r.text())
+        .into_iter()
+        .find(|m| m.get("id").is_some() && m["id"] == msg["id"])
+        .unwrap_or(Value::Null);
+    (answer, r.head.to_ascii_lowercase())
+}
+
+/// Opens an MCP session with `token`; answers its id.
+fn mcp_session(addr: std::net::SocketAddr, token: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "approvals-test", "version": "1"}}});
+    let (answer, head) = mcp_post(addr, token, None, &init);
+    assert!(answer.get("result").is_some(), "{answer}");
+    let sid = head
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id:"))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("no session id: {head}"));
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let headers = format!(
+        "Authorization: Bearer {token}\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\nMcp-Session-Id: {sid}\r\n"
+    );
+    let r = http_request(
+        addr,
+        "POST",
+        "/mcp",
+        note.to_string().as_bytes(),
+        TIMEOUT,
+        &headers,
+    );
+    assert!(r.status < 300, "initialized: {} {}", r.status, r.text());
+    sid
+}
+
+/// The text of an MCP tool result.
+fn tool_text(answer: &Value) -> String {
+    answer["result"]["content"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|i| i["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// The approval id a held tool result names (`appr_...`).
+fn named_approval(text: &str) -> String {
+    let at = text
+        .find("appr_")
+        .unwrap_or_else(|| panic!("no approval id in: {text}"));
+    text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// An MCP tool call that the policy holds can be resumed by repeating it:
+/// the repeat names the same approval while it is pending, and once the
+/// quorum approved, the same call runs and spends the approval.
+#[test]
+fn an_mcp_tool_call_repeated_after_approval_resumes_the_hold() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = Server::start_with(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[
+            OsStr::new("--config"),
+            cfg.as_os_str(),
+            OsStr::new("--mcp-http"),
+            OsStr::new("127.0.0.1:0"),
+        ],
+    );
+    let addr = mcp_addr(&s);
+    let sid = mcp_session(addr, AGENT);
+    let call = |id: u64| {
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "thermostat-1__setpoint", "arguments": {"target_temperature": 72.0}}});
+        mcp_post(addr, AGENT, Some(&sid), &msg).0
+    };
+    let first = call(2);
+    assert_eq!(first["result"]["isError"], true, "{first}");
+    let approval = named_approval(&tool_text(&first));
+    let again = call(3);
+    assert_eq!(
+        named_approval(&tool_text(&again)),
+        approval,
+        "the same hold: {again}"
+    );
+    let pending = ok(
+        &s,
+        ALICE,
+        "mhs.approvals.list",
+        json!({"status": "pending"}),
+    );
+    assert_eq!(
+        pending["approvals"].as_array().map(Vec::len),
+        Some(1),
+        "{pending}"
+    );
+    for op in [ALICE, BOB] {
+        let d = decide(&s, op, &approval, "approve");
+        assert!(d.get("error").is_none(), "{d}");
+    }
+    let done = call(4);
+    assert_ne!(done["result"]["isError"], true, "{done}");
+    let rpc_sid = session(&s, AGENT);
+    assert_eq!(live_setpoint(&s, AGENT, &rpc_sid), 72.0);
+    let used = ok(
+        &s,
+        ALICE,
+        "mhs.approvals.get",
+        json!({"approval_id": approval}),
+    );
+    assert_eq!(used["status"], "used", "{used}");
 }

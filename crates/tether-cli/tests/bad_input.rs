@@ -382,3 +382,31 @@ fn an_estop_with_a_duplicate_key_still_latches_and_the_parse_error_says_so() {
     assert_eq!(details["estop_served"], true, "{answer}");
     assert_eq!(s.status_of("relay-1")["latched"], true);
 }
+
+#[test]
+fn nan_and_infinities_in_an_estop_read_as_null_and_the_stop_is_served() {
+    let s = Server::http();
+    // CORE-076: the named device is stopped; the values that are not numbers
+    // are read as null (a null deadline is the device's budget).
+    let body = br#"{"jsonrpc":"2.0","id":8,"method":"mhs.safety.estop","params":{"device_id":"relay-1","reason":"nan","deadline_ms":NaN}}"#;
+    let answer = common::http_post(s.addr(), body, common::TIMEOUT).json();
+    assert_eq!(answer["id"], 8, "{answer}");
+    assert_eq!(answer["result"]["output"]["latched"], true, "{answer}");
+    assert_eq!(s.status_of("relay-1")["latched"], true);
+    assert_eq!(
+        s.status_of("arm-1")["latched"],
+        false,
+        "only the named device"
+    );
+    // A numeral beyond f64, through a command on the stop class.
+    let body = br#"{"jsonrpc":"2.0","id":9,"method":"mhs.safety.estop","params":{"device_id":"arm-1","deadline_ms":1e999}}"#;
+    let answer = common::http_post(s.addr(), body, common::TIMEOUT).json();
+    assert_eq!(answer["result"]["output"]["latched"], true, "{answer}");
+    assert_eq!(s.status_of("arm-1")["latched"], true);
+    // Outside an e-stop the same text is a parse error, and nothing moves.
+    let body =
+        br#"{"jsonrpc":"2.0","id":10,"method":"mhs.safety.status","params":{"x":-Infinity}}"#;
+    let answer = common::http_post(s.addr(), body, common::TIMEOUT).json();
+    assert_rpc_error(&answer["error"], "MHS.PROTOCOL.PARSE_ERROR");
+    assert_eq!(s.status_of("thermostat-1")["latched"], false);
+}

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_rejected, assert_rpc_error, Server};
+use common::{assert_rejected, assert_rpc_error, Server, Transport};
 use serde_json::{json, Value};
 
 const T: &str = "thermostat-1";
@@ -321,4 +321,106 @@ fn unknown_capability_unbound_resource_unknown_device_and_session_refusals_over_
 #[test]
 fn unknown_capability_unbound_resource_unknown_device_and_session_refusals_over_stdio() {
     binding_and_session_refusals(&Server::stdio());
+}
+
+// ----- CORE-022 through schema combinators --------------------------------
+
+/// A device whose state schema declares fields through `allOf`, `anyOf`,
+/// `oneOf`, `then`, `patternProperties`, the draft-07 tuple form of `items`
+/// and a local `$ref`, plus a resource whose whole schema is read-only.
+const COMBINATOR_DEVICE: &str = r##"{"device_id":"w-1","mode":"simulated","risk_class":"R1","driver":"sim.thermostat",
+ "fidelity":{"kind":"simulated","notes":"schema combinators"},
+ "resources":[{"id":"main","state_schema":{"type":"object","properties":{
+   "setpoint":{"type":"number","x-mhs-unit":"degC"},
+   "cfg":{"allOf":[{"type":"object","properties":{"a":{"type":"number"}}},{"properties":{"b":{"type":"number","readOnly":true}}}]},
+   "alt":{"anyOf":[{"type":"object","properties":{"p":{"type":"number"}}},{"type":"object","properties":{"q":{"type":"number","readOnly":true}}}]},
+   "one":{"oneOf":[{"type":"object","properties":{"s":{"type":"number","readOnly":true}}}]},
+   "cond":{"type":"object","properties":{"k":{"type":"number"}},"if":{"properties":{"k":{"const":1}}},"then":{"properties":{"t":{"type":"number","readOnly":true}}}},
+   "pp":{"type":"object","patternProperties":{"^ch[0-9]$":{"type":"number","readOnly":true}}},
+   "tup":{"type":"array","items":[{"type":"number"},{"type":"object","properties":{"z":{"type":"number","readOnly":true}}}]},
+   "ref":{"$ref":"#/$defs/gain"}},
+   "$defs":{"gain":{"type":"object","properties":{"g":{"type":"number"},"h":{"type":"number","readOnly":true}}}}}},
+  {"id":"locked","state_schema":{"type":"object","readOnly":true,"properties":{"setpoint":{"type":"number"}}}}],
+ "bindings":[{"capability_id":"cap.device.configure.v1","resource":"main","target":"configure"},
+             {"capability_id":"cap.device.configure.v1","resource":"locked","target":"configure"}]}"##;
+
+#[test]
+fn unknown_and_read_only_fields_are_refused_through_every_schema_combinator() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("w.json"), COMBINATOR_DEVICE).expect("manifest");
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(&cfg, "devices = [\"w.json\"]\n").expect("config");
+    let s = Server::start_with(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
+    );
+    let sid = s.session();
+    let write = |resource: &str, patch: Value| {
+        s.ok(
+            "mhs.resource.write",
+            json!({"session_id": sid, "device_id": "w-1", "resource": resource, "patch": patch}),
+        )
+    };
+    for (patch, field) in [
+        (json!({"cfg": {"b": 1}}), "cfg.b"),
+        (json!({"alt": {"q": 1}}), "alt.q"),
+        (json!({"one": {"s": 1}}), "one.s"),
+        (json!({"cond": {"k": 1, "t": 1}}), "cond.t"),
+        (json!({"pp": {"ch1": 1}}), "pp.ch1"),
+        (json!({"tup": [1, {"z": 1}]}), "tup[1].z"),
+        (json!({"ref": {"h": 1}}), "ref.h"),
+    ] {
+        let r = write("main", patch.clone());
+        let d = assert_rejected(&r, "MHS.RESOURCE.NOT_WRITABLE");
+        assert_eq!(d["fields"], json!([field]), "{patch}: {r}");
+    }
+    for (patch, field) in [
+        (json!({"cfg": {"nosuch": 1}}), "cfg.nosuch"),
+        (json!({"pp": {"nosuch": 1}}), "pp.nosuch"),
+        (json!({"tup": [1, {"nosuch": 1}]}), "tup[1].nosuch"),
+    ] {
+        let r = write("main", patch.clone());
+        let d = assert_rejected(&r, "MHS.RESOURCE.FIELD_UNKNOWN");
+        assert_eq!(d["fields"], json!([field]), "{patch}: {r}");
+    }
+    let r = write("locked", json!({"setpoint": 1}));
+    let d = assert_rejected(&r, "MHS.RESOURCE.NOT_WRITABLE");
+    assert_eq!(d["reason"], "read_only", "{r}");
+    // Nothing above changed anything; a declared writable field still writes.
+    assert_eq!(s.revision(&sid, "w-1", "main"), 0);
+    let ok = write(
+        "main",
+        json!({"cfg": {"a": 2}, "ref": {"g": 1}, "setpoint": 30}),
+    );
+    assert_eq!(ok["status"], "completed", "{ok}");
+    assert_eq!(s.revision(&sid, "w-1", "main"), 1);
+    // The published configure schema shows no read-only field at any depth.
+    let dev = s.ok("mhs.devices.get", json!({"device_id": "w-1"}));
+    let mut schemas = Vec::new();
+    input_schemas(&dev, &mut schemas);
+    assert!(!schemas.is_empty(), "{dev}");
+    for schema in schemas {
+        let text = schema.to_string();
+        for hidden in ["\"b\":", "\"q\":", "\"^ch[0-9]$\"", "\"h\":", "\"t\":"] {
+            assert!(!text.contains(hidden), "{hidden} in {text}");
+        }
+    }
+}
+
+/// Every `input_schema` member anywhere in `v`.
+fn input_schemas<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o {
+                if k == "input_schema" {
+                    out.push(x);
+                } else {
+                    input_schemas(x, out);
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| input_schemas(x, out)),
+        _ => {}
+    }
 }

@@ -106,6 +106,78 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 }
 
+/// The text with every non-finite number written outside a string — the
+/// bare words `NaN`, `Infinity` (either sign) and a numeral beyond f64 such
+/// as `1e999` — replaced by `null`; `None` when there is none.
+///
+/// Only for recognising an e-stop: OpenMHS reads such values in an e-stop
+/// request as null and still serves the stop. Everything else that arrives
+/// with them is refused by [`parse_strict`] as before. One pass, no
+/// allocation unless something is replaced.
+pub fn nonfinite_as_null(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out: Option<String> = None;
+    let mut copied = 0; // bytes of `text` already accounted for in `out`
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => i = string_end(bytes, i),
+            b'-' | b'+' | b'0'..=b'9' | b'N' | b'I' => {
+                let end = token_end(bytes, i);
+                if is_nonfinite(&text[i..end]) {
+                    let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+                    o.push_str(&text[copied..i]);
+                    o.push_str("null");
+                    copied = end;
+                }
+                i = end.max(i + 1);
+            }
+            _ => i += 1,
+        }
+    }
+    out.map(|mut o| {
+        o.push_str(&text[copied..]);
+        o
+    })
+}
+
+/// The index just past the string that opens at `start` (a quote), or the
+/// end of the text for an unterminated one.
+fn string_end(bytes: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
+/// The end of a bare token (a numeral or a word) that starts at `start`.
+fn token_end(bytes: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < bytes.len()
+        && (bytes[i].is_ascii_alphanumeric() || matches!(bytes[i], b'.' | b'+' | b'-'))
+    {
+        i += 1;
+    }
+    i
+}
+
+/// Whether a bare token stands for a number that is not finite.
+fn is_nonfinite(token: &str) -> bool {
+    let word = token.trim_start_matches(['-', '+']);
+    if matches!(word, "NaN" | "Infinity" | "inf" | "nan") {
+        return true;
+    }
+    // A numeral (digits first, once the sign is off) that f64 reads as
+    // infinite; anything else is left for the parser to judge.
+    word.starts_with(|c: char| c.is_ascii_digit())
+        && token.parse::<f64>().is_ok_and(|x| x.is_infinite())
+}
+
 /// Depth of a value (scalars are 0).
 pub fn depth(v: &Value) -> usize {
     match v {
@@ -134,6 +206,22 @@ mod tests {
         assert!(parse_strict(&deep).unwrap_err().contains("nesting"));
         let ok = "[".repeat(DEPTH_MAX) + &"]".repeat(DEPTH_MAX);
         assert!(parse_strict(&ok).is_ok());
+    }
+
+    #[test]
+    fn nonfinite_numbers_outside_strings_read_as_null() {
+        let t = r#"{"a":NaN,"b":-Infinity,"c":1e999,"d":"NaN 1e999","e":[Infinity, 2.5, -1e400]}"#;
+        let fixed = nonfinite_as_null(t).expect("repaired");
+        assert_eq!(
+            parse_strict(&fixed).unwrap(),
+            serde_json::json!({"a": null, "b": null, "c": null, "d": "NaN 1e999", "e": [null, 2.5, null]})
+        );
+        // Nothing to repair: no copy.
+        assert!(nonfinite_as_null(r#"{"a":1.5,"b":"NaN","c":true}"#).is_none());
+        // Escaped quotes keep the scan inside the string.
+        assert!(nonfinite_as_null(r#"{"a":"x\" NaN"}"#).is_none());
+        // Words that are not numbers are left for the parser.
+        assert!(nonfinite_as_null(r#"{"a":Nope}"#).is_none());
     }
 
     #[test]

@@ -251,6 +251,14 @@ fn lock_refusal() -> Refusal {
 }
 
 impl Kernel {
+    /// Whether any approval is open for a request (cheap: one lock).
+    pub(crate) fn approvals_open(&self) -> bool {
+        self.inner
+            .approvals
+            .lock()
+            .is_ok_and(|t| !t.by_request.is_empty())
+    }
+
     /// The command id of an open approval (pending, or approved and not in
     /// use) that `requester` holds for exactly this binding and input. A
     /// request that brings no command id of its own resumes it: a surface that

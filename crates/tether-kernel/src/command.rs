@@ -769,6 +769,27 @@ impl Kernel {
         }
     }
 
+    /// The `command_id` of an open hold (pending, or approved and unused)
+    /// that `p` holds for exactly this request — binding and input — or
+    /// `None`. A surface that mints the id of a request that brought none
+    /// (MCP, REST) asks this first: a repeated call then resumes the hold
+    /// people decided instead of making another one each time. The whole
+    /// evaluation order still runs for the resumed command.
+    pub fn held_command_id(&self, p: &Principal, req: &CommandRequest) -> Option<String> {
+        if !self.approvals_open() {
+            return None;
+        }
+        let d = self.device_index(&req.device_id)?;
+        let dev = &self.inner.devices[d];
+        let Resolve::Found(bi) = resolve(dev, &req.capability_id, req.resource.as_deref()) else {
+            return None;
+        };
+        let (b, _) = dev.binding(bi);
+        let digest = canonical::digest(&req.input);
+        let key = format!("{}/{}/{}/{}", dev.id(), b.capability_id, b.resource, digest);
+        self.open_approval_command_id(&p.id, &key)
+    }
+
     /// The checks of `command` that answer a protocol error rather than a
     /// receipt — the device, a binding that needs its resource named, the
     /// caller's live session and grant — with no side effect: what a surface
@@ -1985,75 +2006,42 @@ fn check_configure_fields(dev: &DeviceRt, resource: &str, patch: &Value) -> Resu
             json!({"errors": [{"path": "", "message": "not an object"}]}),
         ));
     };
-    let mut unknown = Vec::new();
-    let mut readonly = Vec::new();
-    walk_fields(
-        &r.state_schema,
-        &r.state_schema,
-        patch,
-        "",
-        &mut unknown,
-        &mut readonly,
-        0,
-    );
-    if !unknown.is_empty() {
-        return Err(Refusal::new(
-            Code::ResourceFieldUnknown,
-            format!("unknown field(s): {}", unknown.join(", ")),
-            json!({"fields": unknown}),
-        ));
-    }
-    if !readonly.is_empty() {
+    let report = crate::fields::FieldReport::of(&r.state_schema, patch);
+    if report.read_only_root || report.unresolvable_ref || report.too_deep {
+        let (reason, why) = if report.read_only_root {
+            ("read_only", "the resource's state schema is read-only")
+        } else if report.unresolvable_ref {
+            (
+                "unresolvable_ref",
+                "the state schema has a $ref that resolves to nothing",
+            )
+        } else {
+            (
+                "patch_too_deep",
+                "the patch nests deeper than the field check walks",
+            )
+        };
         return Err(Refusal::new(
             Code::ResourceNotWritable,
-            format!("read-only field(s): {}", readonly.join(", ")),
-            json!({"fields": readonly, "reason": "read_only"}),
+            format!("not writable: {why}"),
+            json!({"fields": patch.keys().collect::<Vec<_>>(), "reason": reason}),
+        ));
+    }
+    if !report.unknown.is_empty() {
+        return Err(Refusal::new(
+            Code::ResourceFieldUnknown,
+            format!("unknown field(s): {}", report.unknown.join(", ")),
+            json!({"fields": report.unknown}),
+        ));
+    }
+    if !report.read_only.is_empty() {
+        return Err(Refusal::new(
+            Code::ResourceNotWritable,
+            format!("read-only field(s): {}", report.read_only.join(", ")),
+            json!({"fields": report.read_only, "reason": "read_only"}),
         ));
     }
     Ok(())
-}
-
-fn deref<'a>(root: &'a Value, schema: &'a Value) -> Option<&'a Value> {
-    match schema.get("$ref").and_then(Value::as_str) {
-        Some(r) => r.strip_prefix('#').and_then(|ptr| root.pointer(ptr)),
-        None => Some(schema),
-    }
-}
-
-fn walk_fields(
-    root: &Value,
-    schema: &Value,
-    patch: &Map<String, Value>,
-    prefix: &str,
-    unknown: &mut Vec<String>,
-    readonly: &mut Vec<String>,
-    depth: usize,
-) {
-    if depth > 16 {
-        return;
-    }
-    for (k, v) in patch {
-        let path = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        let prop = schema
-            .get("properties")
-            .and_then(|p| p.get(k))
-            .and_then(|p| deref(root, p));
-        match prop {
-            None => unknown.push(path),
-            Some(p) if p.get("readOnly") == Some(&Value::Bool(true)) => readonly.push(path),
-            Some(p) => {
-                if let Value::Object(inner) = v {
-                    if p.get("properties").is_some() {
-                        walk_fields(root, p, inner, &path, unknown, readonly, depth + 1);
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Indexes of the interlocks that gate this binding.

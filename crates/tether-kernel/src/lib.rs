@@ -26,6 +26,7 @@ mod command;
 mod describe;
 pub mod driver;
 mod evidence;
+mod fields;
 pub mod governed;
 mod grants;
 mod idempotency;

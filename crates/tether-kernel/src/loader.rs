@@ -685,20 +685,64 @@ fn resolve_binding(
 /// schema, closed, nothing required (a write is a patch).
 pub fn writable_schema(state_schema: &Value) -> Value {
     let mut props = Map::new();
+    let read_only = |v: &Value| v.get("readOnly") == Some(&Value::Bool(true));
     if let Some(Value::Object(p)) = state_schema.get("properties") {
         for (k, v) in p {
-            if v.get("readOnly") != Some(&Value::Bool(true)) {
-                props.insert(k.clone(), v.clone());
+            if !read_only(v) && !read_only(state_schema) {
+                props.insert(k.clone(), without_read_only(v, 0));
             }
         }
     }
     let mut out = json!({"type": "object", "additionalProperties": false, "properties": props});
     for key in ["$defs", "definitions"] {
-        if let Some(defs) = state_schema.get(key) {
-            out[key] = defs.clone();
+        if let Some(Value::Object(defs)) = state_schema.get(key) {
+            out[key] = Value::Object(
+                defs.iter()
+                    .map(|(name, d)| (name.clone(), without_read_only(d, 0)))
+                    .collect(),
+            );
         }
     }
     out
+}
+
+/// A schema with every `readOnly` member left out, at any depth (nested
+/// `properties` and `patternProperties`, combinators, conditionals and array
+/// items): what a client is shown it may write. The kernel refuses a write of
+/// a read-only field whatever this shows (see `fields`).
+fn without_read_only(schema: &Value, depth: usize) -> Value {
+    let Value::Object(obj) = schema else {
+        return schema.clone();
+    };
+    if depth > 32 {
+        return schema.clone();
+    }
+    let read_only = |v: &Value| v.get("readOnly") == Some(&Value::Bool(true));
+    let mut out = Map::new();
+    for (k, v) in obj {
+        let kept = match (k.as_str(), v) {
+            ("properties" | "patternProperties", Value::Object(members)) => Value::Object(
+                members
+                    .iter()
+                    .filter(|(_, m)| !read_only(m))
+                    .map(|(n, m)| (n.clone(), without_read_only(m, depth + 1)))
+                    .collect(),
+            ),
+            ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(list)) => {
+                Value::Array(
+                    list.iter()
+                        .map(|m| without_read_only(m, depth + 1))
+                        .collect(),
+                )
+            }
+            ("then" | "else" | "items" | "additionalProperties" | "additionalItems", m) => {
+                without_read_only(m, depth + 1)
+            }
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), kept);
+    }
+    Value::Object(out)
 }
 
 /// Merges a binding schema over a class schema: `properties` merge per

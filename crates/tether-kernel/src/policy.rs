@@ -108,6 +108,18 @@ fn denied(v: &Verdict) -> Refusal {
     )
 }
 
+/// A hold on a read is served as a deny: reads change nothing a person could
+/// approve, and a read never waits. The verdict as recorded then says deny,
+/// and that a hold was turned into it (`hold_denied`).
+fn read_hold_as_deny(v: &Verdict) -> (Verdict, Value) {
+    let mut shown = v.clone();
+    shown.decision = Decision::Deny;
+    shown.reason = format!("{} (a hold on a read is served as a deny)", v.reason);
+    let mut json = shown.to_json();
+    json["hold_denied"] = json!(true);
+    (shown, json)
+}
+
 /// What step 10 decided.
 pub(crate) enum PolicyStep {
     /// Go on; `approval` names an approved approval that covers the request.
@@ -128,9 +140,13 @@ impl Kernel {
             .decide(&subject(p), Action::Read, d, bi, &Value::Null);
         match v.decision {
             Decision::Allow => Ok(v.to_json()),
-            // A hold on a read is served as a deny: reads change nothing a
-            // person could approve, and a read never waits.
-            _ => Err(denied(&v)),
+            Decision::Hold => {
+                let (shown, json) = read_hold_as_deny(&v);
+                let mut refusal = denied(&shown);
+                refusal.details["policy"] = json;
+                Err(refusal)
+            }
+            Decision::Deny => Err(denied(&v)),
         }
     }
 
@@ -148,7 +164,10 @@ impl Kernel {
         let hold = verdict.decision == Decision::Hold;
         // Stops are never held: a stop waits for nobody. The receipt's policy
         // block then says what was decided, and that a hold was set aside.
-        let json = if hold && b.is_stop() {
+        let read_hold = hold && b.verb == Verb::Read;
+        let json = if read_hold {
+            std::sync::Arc::new(read_hold_as_deny(&verdict).1)
+        } else if hold && b.is_stop() {
             let mut shown = (*json).clone();
             shown["decision"] = json!("allow");
             shown["hold_ignored"] = json!(true);
@@ -163,7 +182,16 @@ impl Kernel {
         let _ = ctx.policy.set(json);
         // A hold on a read is served as a deny, as for `mhs.resource.read`:
         // a read changes nothing a person could approve, and never waits.
-        if verdict.decision == Decision::Deny || (hold && b.verb == Verb::Read) {
+        if read_hold {
+            let (shown, json) = read_hold_as_deny(&verdict);
+            let mut refusal = denied(&shown);
+            refusal.details["policy"] = json;
+            return PolicyStep::Refused {
+                refusal,
+                new_approval: None,
+            };
+        }
+        if verdict.decision == Decision::Deny {
             return PolicyStep::Refused {
                 refusal: denied(&verdict),
                 new_approval: None,

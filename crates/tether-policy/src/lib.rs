@@ -937,7 +937,18 @@ fn parse(name: &str, text: &str) -> Result<(PolicySet, HashMap<String, Meta>), P
     Ok((set, meta))
 }
 
+/// The annotations Tether reads. Any other is refused: a misspelt `@hold`
+/// (`@Hold`, `@holdd`) would otherwise leave a plain permit, which allows
+/// what its author meant to hold.
+const ANNOTATIONS: [&str; 4] = ["id", "reason", "hold", "quorum"];
+
 fn policy_meta(p: &Policy) -> Result<Meta, String> {
+    if let Some((unknown, _)) = p.annotations().find(|(k, _)| !ANNOTATIONS.contains(k)) {
+        return Err(format!(
+            "unknown annotation @{unknown}; Tether reads @id, @reason, @hold and @quorum \
+             (names are case-sensitive)"
+        ));
+    }
     let hold = p.annotation("hold").map(str::to_owned);
     let quorum_text = p.annotation("quorum");
     if p.effect() == Effect::Forbid && (hold.is_some() || quorum_text.is_some()) {

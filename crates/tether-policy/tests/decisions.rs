@@ -285,6 +285,22 @@ fn defects_refuse_with_the_policy_named() {
     );
     assert!(e.to_string().contains("twice"), "{e}");
 
+    // A misspelt hold would leave a plain permit (allow): refused.
+    for typo in [
+        r#"@Hold("x")"#,
+        r#"@holdd("x")"#,
+        r#"@hold("x") @Quorum("2")"#,
+    ] {
+        let e = load_err(&format!(
+            r#"@id("t") {typo} permit(principal, action, resource);"#
+        ));
+        assert!(
+            matches!(e, PolicyError::Annotation { ref policy, .. } if policy == "t"),
+            "{typo}: {e}"
+        );
+        assert!(e.to_string().contains("unknown annotation"), "{e}");
+    }
+
     let e = load_err(r#"permit(principal is Tether::Robot, action, resource);"#);
     assert!(matches!(e, PolicyError::Validation { .. }), "{e}");
 }

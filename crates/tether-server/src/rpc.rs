@@ -110,11 +110,22 @@ pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) ->
     let value = match parse_strict(text) {
         Ok(v) => v,
         Err(msg) => {
+            // NaN, an infinity or a numeral beyond f64 in an e-stop reads as
+            // null and the stop is served as if it had been written so
+            // (OpenMHS CORE-076); in any other request it is a parse error.
+            let repaired = tether_core::json::nonfinite_as_null(text);
+            if let Some(Ok(Value::Object(obj))) = repaired.as_deref().map(parse_strict) {
+                if estop_target(&obj) {
+                    return handle_object(kernel, principal, obj).await;
+                }
+            }
             let mut details = json!({"reason": "invalid_json", "message": msg});
             // JSON that only the strict reading refuses (a duplicate key, a
-            // number beyond f64) is still recognisable: an e-stop in it
-            // latches, and the parse error says so.
-            if let Some(Value::Object(obj)) = lenient_parse(text) {
+            // non-finite number besides) is still recognisable: an e-stop in
+            // it latches, and the parse error says so.
+            let lenient =
+                lenient_parse(text).or_else(|| repaired.as_deref().and_then(lenient_parse));
+            if let Some(Value::Object(obj)) = lenient {
                 if estop_target(&obj) {
                     let defect = format!("request is not strict JSON: {msg}");
                     let receipt = serve_malformed_estop(kernel, principal, &obj, &defect).await;

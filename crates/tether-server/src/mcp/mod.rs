@@ -272,19 +272,26 @@ impl TetherMcp {
             Ok(s) => s,
             Err(e) => return render::api_error(&e),
         };
-        let command_id = tether_core::ids::CommandId::mint().to_string();
-        let req = CommandRequest {
+        let mut req = CommandRequest {
             session_id: Some(sid.clone()),
             device_id: tool.device_id.clone().unwrap_or_default(),
             capability_id: tool.capability_id.clone(),
             resource: Some(tool.resource.clone()),
             input: args,
-            command_id: Some(command_id.clone()),
+            command_id: None,
             deadline: None,
             expected_revision: None,
             safe_place_grant: None,
             permit_id: None,
         };
+        // A tool call carries no command id; the id is chosen here (to find
+        // the call's operation for a cancel). A call that repeats an open
+        // hold of this principal takes that hold's id, so it resumes it.
+        let command_id = self
+            .kernel
+            .held_command_id(p, &req)
+            .unwrap_or_else(|| tether_core::ids::CommandId::mint().to_string());
+        req.command_id = Some(command_id.clone());
         // The kernel call runs in its own task: if this handler is abandoned
         // the command still finishes and records its receipt.
         let kernel = self.kernel.clone();

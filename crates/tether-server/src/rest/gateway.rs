@@ -267,27 +267,37 @@ impl Gateway {
             }
         };
         let command_id = match body.command_id {
-            Some(raw) => CommandId::parse(&raw).map_err(|e| {
+            Some(raw) => Some(CommandId::parse(&raw).map_err(|e| {
                 RestError::invalid("command_id_invalid", format!("command_id: {e}"))
-            })?,
-            None => CommandId::mint(),
+            })?),
+            None => None,
         };
         match tool.kind {
             ToolKind::Estop => unreachable_estop(),
             ToolKind::Read => self.read(p, tool, &input).await,
             ToolKind::Write | ToolKind::Action => {
-                let req = CommandRequest {
+                let mut req = CommandRequest {
                     session_id: Some(self.session_for(p).await?),
                     device_id: tool.device_id.clone().unwrap_or_default(),
                     capability_id: tool.capability_id.clone(),
                     resource: Some(tool.resource.clone()),
                     input,
-                    command_id: Some(command_id.as_str().to_owned()),
+                    command_id: None,
                     deadline,
                     expected_revision: None,
                     safe_place_grant: None,
                     permit_id: None,
                 };
+                // An invocation without a command id that repeats an open
+                // hold of this principal resumes it (as MCP tool calls do).
+                let command_id = match command_id {
+                    Some(id) => id.as_str().to_owned(),
+                    None => self
+                        .kernel
+                        .held_command_id(p, &req)
+                        .unwrap_or_else(|| CommandId::mint().as_str().to_owned()),
+                };
+                req.command_id = Some(command_id);
                 self.invoke_command(p, tool, req).await
             }
         }
