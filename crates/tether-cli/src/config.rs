@@ -169,6 +169,9 @@ fn defect(file: &Path, message: String) -> Defect {
     }
 }
 
+/// Longest an approval may stay open: a week.
+pub const APPROVAL_TTL_S_MAX: u64 = 7 * 86_400;
+
 /// Reads a config (or, with none, the built-in cell).
 ///
 /// # Errors
@@ -210,6 +213,16 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
         Vec::new()
     };
     let mut defects = Vec::new();
+    if let Some(ttl) = config.approval_ttl_s {
+        if !(1..=APPROVAL_TTL_S_MAX).contains(&ttl) {
+            defects.push(defect(
+                path,
+                format!(
+                    "approval_ttl_s = {ttl}: must be between 1 and {APPROVAL_TTL_S_MAX} (seconds)"
+                ),
+            ));
+        }
+    }
     for rel in &config.devices {
         let p = base.join(rel);
         match std::fs::read_to_string(&p) {

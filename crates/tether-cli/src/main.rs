@@ -179,17 +179,22 @@ enum SimAction {
         #[arg(long, default_value = "127.0.0.1:7879")]
         connect: String,
     },
-    /// Open or close a simulated door contact (the `door` interlock of arm-1).
+    /// Open or close a simulated door contact (the `door` interlock of arm-1):
+    /// of the built-in cell on a state directory, or with `--connect` of an
+    /// external simulator (`tether sim serve`).
     Door {
         /// `open` or `close`.
         #[arg(value_parser = ["open", "close"])]
         state: String,
-        /// Device whose door it is.
+        /// Device whose door it is (built-in cell).
         #[arg(long, default_value = "arm-1")]
         device: String,
-        /// State directory of the endpoint.
-        #[arg(long)]
+        /// State directory of the endpoint (built-in cell).
+        #[arg(long, conflicts_with = "connect")]
         state_dir: Option<PathBuf>,
+        /// The external simulator's address: set its door instead.
+        #[arg(long)]
+        connect: Option<String>,
     },
 }
 
@@ -286,19 +291,13 @@ fn main() -> ExitCode {
                     state,
                     device,
                     state_dir,
+                    connect,
                 },
         } => {
-            let dir = config::state_dir(state_dir.as_deref(), None);
-            let env = tether_drivers::SimEnv::in_state_dir(&dir);
-            match tether_drivers::set_sim_contact(&env, &device, "door", state == "close") {
-                Ok(()) => {
-                    println!(
-                        "simulated door of {device}: {}",
-                        if state == "close" { "closed" } else { "open" }
-                    );
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => Err(anyhow::anyhow!("cannot write the simulator control: {e}")),
+            if let Some(addr) = connect {
+                sim_door_remote(&addr, &state)
+            } else {
+                sim_door_local(state_dir, &device, &state)
             }
         }
         Command::Codes => {
@@ -582,6 +581,47 @@ fn sim_serve(listen: &str) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Sets the door contact of the built-in cell on a state directory.
+fn sim_door_local(
+    state_dir: Option<PathBuf>,
+    device: &str,
+    state: &str,
+) -> anyhow::Result<ExitCode> {
+    let dir = config::state_dir(state_dir.as_deref(), None);
+    let env = tether_drivers::SimEnv::in_state_dir(&dir);
+    match tether_drivers::set_sim_contact(&env, device, "door", state == "close") {
+        Ok(()) => {
+            println!(
+                "simulated door of {device} in the built-in cell on {}: {} (an external `tether sim serve` is set with --connect)",
+                dir.display(),
+                if state == "close" { "closed" } else { "open" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(anyhow::anyhow!("cannot write the simulator control: {e}")),
+    }
+}
+
+/// Sets the door of an external simulator and says what it now reports.
+fn sim_door_remote(connect: &str, state: &str) -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead, Write as _};
+    let wanted = if state == "close" { "closed" } else { "open" };
+    let mut stream = std::net::TcpStream::connect(connect)
+        .with_context(|| format!("connecting to {connect}"))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+    let request = serde_json::json!({"id": 1, "op": "door", "state": wanted});
+    stream.write_all(format!("{request}\n").as_bytes())?;
+    let mut line = String::new();
+    std::io::BufReader::new(stream).read_line(&mut line)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&line).context("the simulator's answer is not JSON")?;
+    if v["ok"] != true {
+        anyhow::bail!("the simulator refused the door change: {v}");
+    }
+    println!("simulated door at {connect}: {wanted}");
+    Ok(ExitCode::SUCCESS)
+}
+
 fn sim_status(connect: &str) -> anyhow::Result<ExitCode> {
     use std::io::{BufRead, Write as _};
     let mut stream = std::net::TcpStream::connect(connect)
@@ -765,7 +805,8 @@ fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpo
     let mut kernel_config = KernelConfig::standard(&endpoint_id);
     kernel_config.policy = loaded.policy.clone();
     if let Some(ttl) = loaded.config.approval_ttl_s {
-        if !(1..=7 * 86_400).contains(&ttl) {
+        // config::read refused any other value; kept as a guard.
+        if !(1..=config::APPROVAL_TTL_S_MAX).contains(&ttl) {
             bail!("the config's approval_ttl_s must be between 1 and 604800 (seconds)");
         }
         kernel_config.approval_ttl_ms = ttl * 1000;

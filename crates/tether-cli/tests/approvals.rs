@@ -1016,3 +1016,159 @@ fn an_mcp_tool_call_repeated_after_approval_resumes_the_hold() {
     );
     assert_eq!(used["status"], "used", "{used}");
 }
+
+/// Humans act unheld, agents wait for an operator.
+const AGENTS_WAIT_POLICY: &str = r#"
+@id("reads") permit(principal, action == Tether::Action::"read", resource);
+@id("humans") permit(principal is Tether::Human, action, resource);
+@id("agents-wait") @hold("agents wait for an operator")
+permit(principal is Tether::Agent, action, resource);
+"#;
+
+fn start_with_mcp(dir: &Path, cfg: &Path) -> Server {
+    Server::start_with(
+        Transport::Http,
+        Some(&dir.join("state")),
+        &[
+            OsStr::new("--config"),
+            cfg.as_os_str(),
+            OsStr::new("--mcp-http"),
+            OsStr::new("127.0.0.1:0"),
+        ],
+    )
+}
+
+/// Whoever's token it holds, an MCP caller is a model: the policy sees an
+/// agent, so an operator's token through MCP is held where the operator
+/// over JSON-RPC is not.
+#[test]
+fn an_mcp_caller_with_an_operators_token_is_an_agent_to_the_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), AGENTS_WAIT_POLICY, "");
+    let s = start_with_mcp(dir.path(), &cfg);
+    let sid = session(&s, ALICE);
+    let direct = setpoint(&s, ALICE, &sid, "alice-direct-1", 40.0);
+    assert_eq!(direct["status"], "completed", "{direct}");
+    let addr = mcp_addr(&s);
+    let mcp_sid = mcp_session(addr, ALICE);
+    let msg = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "thermostat-1__setpoint", "arguments": {"target_temperature": 41.0}}});
+    let (answer, _) = mcp_post(addr, ALICE, Some(&mcp_sid), &msg);
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let text = tool_text(&answer);
+    assert!(text.contains("MHS.POLICY.HELD"), "{text}");
+}
+
+/// An MCP session belongs to the principal that opened it: another
+/// principal's request in it reads as an unknown session.
+#[test]
+fn an_mcp_session_refuses_another_principals_requests() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start_with_mcp(dir.path(), &cfg);
+    let addr = mcp_addr(&s);
+    let mcp_sid = mcp_session(addr, AGENT);
+    let list = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {}});
+    let headers = format!(
+        "Authorization: Bearer {SERVICE}\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\nMcp-Session-Id: {mcp_sid}\r\n"
+    );
+    let r = http_request(
+        addr,
+        "POST",
+        "/mcp",
+        list.to_string().as_bytes(),
+        TIMEOUT,
+        &headers,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["data"]["details"]["reason"],
+        "session_unknown",
+        "{}",
+        r.text()
+    );
+    // The owner still uses it.
+    let (answer, _) = mcp_post(addr, AGENT, Some(&mcp_sid), &list);
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
+}
+
+/// A `command_id` belongs to the principal that used it: another principal
+/// sending it (same binding, same input) is refused, never handed the
+/// first principal's receipt.
+#[test]
+fn a_command_id_is_bound_to_its_principal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let first = setpoint(&s, AGENT, &sid, "shared-id-1", 30.0);
+    assert_eq!(first["status"], "completed", "{first}");
+    let bob_sid = session(&s, BOB);
+    let other = setpoint(&s, BOB, &bob_sid, "shared-id-1", 30.0);
+    assert_rejected(&other, "MHS.CONFLICT.COMMAND_ID_REUSE");
+    assert_ne!(other["receipt_id"], first["receipt_id"], "{other}");
+    // The owner still replays it.
+    let again = setpoint(&s, AGENT, &sid, "shared-id-1", 30.0);
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["receipt_id"], first["receipt_id"], "{again}");
+}
+
+/// Two `Authorization` headers naming two principals: which one is the
+/// caller would be a guess, so the request is refused.
+#[test]
+fn a_request_with_two_authorization_headers_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let two = format!("Authorization: Bearer {AGENT}\r\nAuthorization: Bearer {ALICE}\r\n");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.hello", "params": {}}).to_string();
+    let r = http_post_with(s.addr(), body.as_bytes(), TIMEOUT, &two);
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["data"]["details"]["reason"],
+        "multiple_authorization_headers",
+        "{}",
+        r.text()
+    );
+    let r = http_request(s.addr(), "GET", "/tools", b"", TIMEOUT, &two);
+    assert_eq!(r.status, 401, "{}", r.text());
+}
+
+/// An approval given under a quorum of one does not cover a command the
+/// policy now holds for two: the resume is weighed again, the approval
+/// reopens for the missing vote, and only then does the command run.
+#[test]
+fn a_resume_is_held_again_when_the_policy_now_asks_for_a_larger_quorum() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = HOLD_POLICY.replace("@quorum(\"2\")", "@quorum(\"1\")");
+    let cfg = write_config(dir.path(), &one, "");
+    let mut s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let id = held_approval(&setpoint(&s, AGENT, &sid, "quorum-up-1", 67.0));
+    assert_eq!(
+        decide(&s, ALICE, &id, "approve")["result"]["status"],
+        "approved"
+    );
+    s.kill();
+
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let again = setpoint(&s, AGENT, &sid, "quorum-up-1", 67.0);
+    assert_eq!(
+        held_approval(&again),
+        id,
+        "the same approval, reopened: {again}"
+    );
+    assert_ne!(live_setpoint(&s, AGENT, &sid), 67.0);
+    let got = ok(&s, BOB, "mhs.approvals.get", json!({"approval_id": id}));
+    assert_eq!(got["status"], "pending", "{got}");
+    assert_eq!(got["quorum"], 2, "{got}");
+    assert_eq!(
+        decide(&s, BOB, &id, "approve")["result"]["status"],
+        "approved"
+    );
+    let done = setpoint(&s, AGENT, &sid, "quorum-up-1", 67.0);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["policy"]["quorum"], 2, "{done}");
+}

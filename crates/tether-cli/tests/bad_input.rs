@@ -410,3 +410,25 @@ fn nan_and_infinities_in_an_estop_read_as_null_and_the_stop_is_served() {
     assert_rpc_error(&answer["error"], "MHS.PROTOCOL.PARSE_ERROR");
     assert_eq!(s.status_of("thermostat-1")["latched"], false);
 }
+
+#[test]
+fn a_duplicate_key_can_neither_narrow_nor_cancel_an_estop() {
+    for body in [
+        &br#"{"jsonrpc":"2.0","id":11,"method":"mhs.safety.estop","params":{"device_id":"arm-1","device_id":"relay-1"}}"#[..],
+        &br#"{"jsonrpc":"2.0","id":12,"method":"mhs.safety.estop","params":{"device_id":"arm-1"},"params":{"device_id":"relay-1"}}"#[..],
+        &br#"{"jsonrpc":"2.0","id":13,"method":"mhs.safety.estop","method":"mhs.hello","params":{}}"#[..],
+    ] {
+        let s = Server::http();
+        let answer = common::http_post(s.addr(), body, common::TIMEOUT).json();
+        let details = assert_rpc_error(&answer["error"], "MHS.PROTOCOL.PARSE_ERROR");
+        assert_eq!(details["estop_served"], true, "{answer}");
+        for device in ["thermostat-1", "arm-1", "relay-1"] {
+            assert_eq!(
+                s.status_of(device)["latched"],
+                true,
+                "{device} after {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+}

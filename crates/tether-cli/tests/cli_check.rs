@@ -249,3 +249,67 @@ fn a_draft_07_tuple_is_served_as_written() {
         "{extra}"
     );
 }
+
+#[test]
+fn check_refuses_facts_without_a_source_or_a_cited_ref() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "{ARM_TOML}\n[[facts]]\ntext = \"payload 5 kg\"\nsource = \"model\"\n\n[[facts]]\ntext = \"reach 850 mm\"\nsource = \"vendor_doc\"\nref = \"see the manual\"\n\n[[facts]]\ntext = \"rated for 24/7\"\nsource = \"upstream_code\"\n\n[[facts]]\ntext = \"door switch checked weekly\"\nsource = \"operator\"\n"
+    );
+    let f = write(dir.path(), "arm-facts.toml", &text);
+    assert_defect(&f, &["facts[0].source", "facts[1].ref", "facts[2].ref"]);
+    let run = tether(&["check".as_ref(), f.as_os_str()]);
+    assert!(
+        !run.stderr.contains("facts[3]"),
+        "an operator fact needs no ref: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn check_refuses_a_reenable_that_cannot_take_an_empty_input() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = replace_once(
+        ARM_TOML,
+        "estop = { latency_ms = 250, native = true }",
+        "estop = { latency_ms = 250, native = true, reenable = \"cap.motion.move_to.v1\" }",
+    );
+    let f = write(dir.path(), "arm-reenable.toml", &text);
+    assert_defect(&f, &["safety.estop.reenable"]);
+}
+
+#[test]
+fn check_refuses_an_approval_ttl_that_serve_would_refuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for ttl in ["0", "99999999999"] {
+        let cfg = write(
+            dir.path(),
+            "tether.toml",
+            &format!("builtin_cell = true\napproval_ttl_s = {ttl}\n"),
+        );
+        let run = tether(&["check".as_ref(), cfg.as_os_str()]);
+        assert_eq!(run.code, Some(1), "{ttl}: {}", run.stderr);
+        assert!(run.stderr.contains("approval_ttl_s"), "{}", run.stderr);
+    }
+}
+
+#[test]
+fn check_refuses_a_binding_schema_that_admits_what_its_class_refuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let thermo = include_str!("../../tether-drivers/cell/thermostat-1.toml");
+    let text = replace_once(
+        thermo,
+        "input_schema = { properties = { target_temperature = { minimum = 5, maximum = 90 } } }",
+        "input_schema = { additionalProperties = true, properties = { boost = { type = \"boolean\" }, target_temperature = { minimum = 5, maximum = 90 } } }",
+    );
+    let f = write(dir.path(), "thermo-loose.toml", &text);
+    let run = tether(&["check".as_ref(), f.as_os_str()]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("thermostat-1"), "{}", run.stderr);
+    assert!(run.stderr.contains("boost"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("additionalProperties"),
+        "{}",
+        run.stderr
+    );
+}

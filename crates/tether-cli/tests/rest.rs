@@ -303,6 +303,12 @@ fn a_long_motion_is_polled_to_completion() {
     let inv = start_motion(&s, 0.6, 1.0);
     let (status, first) = get(&s, &format!("/invocations/{inv}/result"));
     assert_eq!(status, 202, "answered before the motion ended: {first}");
+    // While it runs, the record names the operation that runs it.
+    wait_running(&s);
+    let running = ok(get(&s, &format!("/invocations/{inv}")), 200);
+    let op = s.status_of("arm-1")["running_operations"][0]["operation_id"].clone();
+    assert!(op.is_string(), "{op}");
+    assert_eq!(running["operation_id"], op, "{running}");
     let result = wait_result(&s, &inv, TIMEOUT);
     assert_eq!(result["status"], "completed", "{result}");
     assert!(

@@ -130,7 +130,7 @@ registry! {
     ResourceUnknown => ("MHS.RESOURCE.UNKNOWN", -32040, false, Command, "The device has no such resource."),
     ResourceFieldUnknown => ("MHS.RESOURCE.FIELD_UNKNOWN", -32041, false, Command, "A write names a field that is not in the resource's state schema."),
     ResourceNotWritable => ("MHS.RESOURCE.NOT_WRITABLE", -32042, false, Command, "A write names a read-only field, or the resource has no configure binding."),
-    ConflictCommandIdReuse => ("MHS.CONFLICT.COMMAND_ID_REUSE", -32050, false, Command, "The command_id was already used for another input or is still in flight; use a fresh id."),
+    ConflictCommandIdReuse => ("MHS.CONFLICT.COMMAND_ID_REUSE", -32050, false, Command, "The command_id was already used for another input, binding or principal, or is still in flight; use a fresh id."),
     ConflictRevision => ("MHS.CONFLICT.REVISION", -32051, true, Command, "expected_revision does not match the live revision; read again and retry."),
     ModeReadOnly => ("MHS.MODE.READ_ONLY", -32060, false, Command, "The device's mode accepts no commands (replay)."),
     SafetyEstopEngaged => ("MHS.SAFETY.ESTOP_ENGAGED", -32070, false, Command, "The device is latched by an e-stop; an operator must reset it before effectful commands run."),

@@ -6,7 +6,8 @@
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader as StdBufReader, Write};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tether_kernel::lease::{run_leased, LeasedController, Progress};
 use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -17,12 +18,103 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Longest motion the runner lets run.
 const MOTION_MAX: Duration = Duration::from_secs(600);
 
+/// How long a synchronous status request may take while the controller
+/// answers promptly (a read, an interlock reading).
+const STATUS_TIMEOUT: Duration = Duration::from_millis(150);
+/// How often the background watch asks the controller for its status.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+/// A watch request outstanding longer than this marks the controller slow:
+/// reads and interlock readings then answer at once from what is known
+/// instead of waiting on it (a hung controller must never hold the
+/// endpoint's threads; the driver contract asks for prompt answers).
+const SLOW_AFTER: Duration = Duration::from_millis(50);
+/// A status older than this is not used: the reading is unknown.
+const STATUS_FRESH_FOR: Duration = Duration::from_millis(250);
+
 /// The remote arm driver.
 #[derive(Debug)]
 pub struct RemoteArm {
     address: String,
     lease: Duration,
     park_speed: f64,
+    watch: Arc<Watch>,
+}
+
+/// What the background watch knows of the controller.
+#[derive(Debug, Default)]
+struct Watch {
+    state: Mutex<WatchState>,
+}
+
+#[derive(Debug, Default)]
+struct WatchState {
+    /// The last status the controller answered, and when.
+    last: Option<(Instant, Value)>,
+    /// Since when the watch's current request is outstanding.
+    asking_since: Option<Instant>,
+    /// Whether the watch's last request failed.
+    failed: bool,
+}
+
+impl Watch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
+        // A poisoned lock only means a panic elsewhere; the state is plain data.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the controller answers promptly right now.
+    fn responsive(&self) -> bool {
+        let s = self.lock();
+        !s.failed && s.asking_since.is_none_or(|t| t.elapsed() < SLOW_AFTER)
+    }
+
+    fn record(&self, status: Value) {
+        self.lock().last = Some((Instant::now(), status));
+    }
+
+    /// The last status if it is fresh.
+    fn fresh(&self) -> Option<Value> {
+        let s = self.lock();
+        s.last
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < STATUS_FRESH_FOR)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// Asks the controller for its status every [`WATCH_EVERY`] until the
+/// driver is dropped.
+fn spawn_watch(address: String, watch: &Arc<Watch>) {
+    let weak = Arc::downgrade(watch);
+    let spawned = std::thread::Builder::new()
+        .name("remote-arm-watch".into())
+        .spawn(move || loop {
+            let Some(watch) = weak.upgrade() else {
+                return;
+            };
+            watch.lock().asking_since = Some(Instant::now());
+            let answer = request_blocking(&address, &status_request(), REQUEST_TIMEOUT);
+            {
+                let mut s = watch.lock();
+                s.asking_since = None;
+                s.failed = answer.is_err();
+                if let Ok(status) = answer {
+                    s.last = Some((Instant::now(), status));
+                }
+            }
+            drop(watch);
+            std::thread::sleep(WATCH_EVERY);
+        });
+    if let Err(e) = spawned {
+        // Without the watch every reading asks the controller itself.
+        tracing::warn!(error = %e, "remote.arm: the status watch could not start");
+    }
+}
+
+fn status_request() -> Value {
+    json!({"op": "status", "device": "arm-1"})
 }
 
 impl RemoteArm {
@@ -42,45 +134,68 @@ impl RemoteArm {
             .filter(|ms| (20..=60_000).contains(ms))
             .ok_or("driver_config.lease_ms must be an integer from 20 to 60000")?;
         let park_speed = crate::cfg_f64(cfg, "park_speed_rad_s", 1.0)?;
+        let watch = Arc::new(Watch::default());
+        spawn_watch(address.clone(), &watch);
         Ok(Self {
             address,
             lease: Duration::from_millis(lease_ms),
             park_speed,
+            watch,
         })
     }
 
-    /// One blocking request on a fresh connection (reads, stops, interlocks).
+    /// One blocking request on a fresh connection (the native stop).
     fn request_blocking(&self, req: &Value) -> Result<Value, Signal> {
-        let unreachable = |e: std::io::Error| Signal::OutcomeUnknown {
-            message: format!("controller {} unreachable: {e}", self.address),
-        };
-        let addr = self
-            .address
-            .parse::<std::net::SocketAddr>()
-            .map_err(|e| Signal::Failed {
-                reason: "bad_address".into(),
-                message: e.to_string(),
-            })?;
-        let mut stream =
-            std::net::TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT).map_err(unreachable)?;
-        stream
-            .set_read_timeout(Some(REQUEST_TIMEOUT))
-            .map_err(unreachable)?;
-        stream
-            .set_write_timeout(Some(REQUEST_TIMEOUT))
-            .map_err(unreachable)?;
-        let mut line = req.to_string();
-        line.push('\n');
-        stream.write_all(line.as_bytes()).map_err(unreachable)?;
-        let mut answer = String::new();
-        let limited = std::io::Read::take(stream, crate::simproc::LINE_BYTES_MAX as u64);
-        StdBufReader::new(limited)
-            .read_line(&mut answer)
-            .map_err(unreachable)?;
-        serde_json::from_str(&answer).map_err(|_| Signal::OutcomeUnknown {
-            message: "the controller's answer is not JSON".into(),
+        request_blocking(&self.address, req, REQUEST_TIMEOUT)
+    }
+
+    /// The controller's status, promptly: asked for while the controller
+    /// answers quickly, else the watch's last status if fresh, else unknown.
+    fn status(&self) -> Result<Value, Signal> {
+        if self.watch.responsive() {
+            if let Ok(status) = request_blocking(&self.address, &status_request(), STATUS_TIMEOUT) {
+                self.watch.record(status.clone());
+                return Ok(status);
+            }
+        }
+        self.watch.fresh().ok_or_else(|| Signal::OutcomeUnknown {
+            message: format!(
+                "controller {} is not answering promptly; its status is unknown",
+                self.address
+            ),
         })
     }
+}
+
+/// One blocking request on a fresh connection, each step bounded by `timeout`.
+fn request_blocking(address: &str, req: &Value, timeout: Duration) -> Result<Value, Signal> {
+    let unreachable = |e: std::io::Error| Signal::OutcomeUnknown {
+        message: format!("controller {address} unreachable: {e}"),
+    };
+    let addr = address
+        .parse::<std::net::SocketAddr>()
+        .map_err(|e| Signal::Failed {
+            reason: "bad_address".into(),
+            message: e.to_string(),
+        })?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(unreachable)?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(unreachable)?;
+    let mut line = req.to_string();
+    line.push('\n');
+    stream.write_all(line.as_bytes()).map_err(unreachable)?;
+    let mut answer = String::new();
+    let limited = std::io::Read::take(stream, crate::simproc::LINE_BYTES_MAX as u64);
+    StdBufReader::new(limited)
+        .read_line(&mut answer)
+        .map_err(unreachable)?;
+    serde_json::from_str(&answer).map_err(|_| Signal::OutcomeUnknown {
+        message: "the controller's answer is not JSON".into(),
+    })
 }
 
 /// One leased motion over a persistent connection.
@@ -187,7 +302,7 @@ impl LeasedController for Motion {
 
 impl Driver for RemoteArm {
     fn read(&self, _call: &Authorized) -> Result<Value, Signal> {
-        let s = self.request_blocking(&json!({"op": "status", "device": "arm-1"}))?;
+        let s = self.status()?;
         Ok(json!({"positions": s["positions"], "moving": s["moving"], "target": s["target"]}))
     }
 
@@ -254,7 +369,7 @@ impl Driver for RemoteArm {
     }
 
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
-        let state = match self.request_blocking(&json!({"op": "status", "device": "arm-1"})) {
+        let state = match self.status() {
             Ok(s) => match s["door"].as_str() {
                 Some("closed") => InterlockState::Closed,
                 Some("open") => InterlockState::Open,

@@ -290,6 +290,17 @@ impl Kernel {
     /// An e-stop of device `device_id` revokes its open approvals (pending,
     /// or approved and not yet used): each record as it must be stored.
     pub(crate) fn revoke_approvals(&self, device_id: &str) -> Vec<ApprovalRow> {
+        self.revoke_approvals_before(device_id, u64::MAX)
+    }
+
+    /// As [`Self::revoke_approvals`], for the approvals requested before
+    /// `before_ms` only: a trip this process did not see (made by `tether
+    /// estop` while no endpoint ran) revokes what was asked for before it.
+    pub(crate) fn revoke_approvals_before(
+        &self,
+        device_id: &str,
+        before_ms: u64,
+    ) -> Vec<ApprovalRow> {
         let Ok(mut t) = self.inner.approvals.lock() else {
             return Vec::new();
         };
@@ -297,7 +308,8 @@ impl Kernel {
         let mut rows = Vec::new();
         for a in t.by_id.values_mut() {
             let open = matches!(a.status_at(now), Status::Pending | Status::Approved);
-            if open && a.base["device_id"].as_str() == Some(device_id) {
+            let before = a.base["created_at_ms"].as_u64().unwrap_or(0) < before_ms;
+            if open && before && a.base["device_id"].as_str() == Some(device_id) {
                 a.status = Status::Revoked;
                 a.base["revoked_at_ms"] = json!(now);
                 rows.push(ApprovalRow {
@@ -330,6 +342,28 @@ impl Kernel {
                 json!({"approval_id": a.id, "status": a.status_at(now).as_str(), "quorum": a.quorum, "approvals": a.approvals(), "reason": need.reason, "policies": need.policies, "expires_at_ms": a.expires_at_ms}),
             )
         };
+        // An approval given under a smaller quorum than the policy asks for
+        // now does not cover the command: the resumed command is weighed
+        // again, so the approval is reopened for the votes still missing.
+        if let Some(id) = t.by_key.get(&need.key).cloned() {
+            if let Some(a) = t.by_id.get_mut(&id) {
+                let short = a.approvals() < usize::try_from(need.quorum).unwrap_or(usize::MAX);
+                if a.status_at(now) == Status::Approved && a.reserved_by.is_none() && short {
+                    a.quorum = need.quorum;
+                    a.status = Status::Pending;
+                    a.durable = false;
+                    let message = format!(
+                        "the policy now asks for {} approvers and {} approved; waiting for the rest",
+                        need.quorum,
+                        a.approvals()
+                    );
+                    return Gate::Refused {
+                        refusal: waiting(a, &message),
+                        new: Some(id),
+                    };
+                }
+            }
+        }
         if let Some(a) = t.by_key.get(&need.key).and_then(|id| t.by_id.get(id)) {
             return match a.status_at(now) {
                 Status::Approved if a.reserved_by.is_none() => Gate::Covered(a.id.clone()),

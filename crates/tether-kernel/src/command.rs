@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tether_core::catalogue::{self, Verb};
 use tether_core::ids::{self, CommandId};
-use tether_core::manifest::{Concurrency, Mode};
+use tether_core::manifest::{Concurrency, Mode, RiskClass};
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Receipt, Refusal, Status};
 use tether_store::canonical::CanonicalText;
@@ -694,7 +694,7 @@ impl Kernel {
                 .await
                 .into());
         }
-        let key = format!("{}/{}/{}/{}", dev.id(), b.capability_id, b.resource, digest);
+        let key = idempotency_key(&p.id, dev.id(), &b.capability_id, &b.resource, &digest);
         // A request without its own id that repeats a held one (same
         // principal, binding and input) takes that hold's id, so it resumes
         // the approval instead of making another.
@@ -786,7 +786,7 @@ impl Kernel {
         };
         let (b, _) = dev.binding(bi);
         let digest = canonical::digest(&req.input);
-        let key = format!("{}/{}/{}/{}", dev.id(), b.capability_id, b.resource, digest);
+        let key = idempotency_key(&p.id, dev.id(), &b.capability_id, &b.resource, &digest);
         self.open_approval_command_id(&p.id, &key)
     }
 
@@ -1008,6 +1008,18 @@ impl Kernel {
                     json!({"paths": unset, "reason": "operator_required"}),
                 ));
             }
+            // CORE-046 (strict): a physical call at R1 or above never sets a
+            // number no limit bounds. Tether always runs strict.
+            if dev.spec.manifest.mode.is_physical() && b.risk >= RiskClass::R1 {
+                let unbounded = b.limits.unlimited_set_paths(&ctx.input);
+                if !unbounded.is_empty() {
+                    return Err(Refusal::new(
+                        Code::SafetyLimitsUnset,
+                        "the input sets a number no limit bounds; a hardware call at R1 or above needs a limit on every number it sets",
+                        json!({"paths": unbounded, "reason": "no_limit"}),
+                    ));
+                }
+            }
         }
         // Step 9: remaining schema bounds.
         check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?;
@@ -1198,7 +1210,7 @@ impl Kernel {
                             .refuse_admitted(
                                 &ctx,
                                 &admitted.reservations,
-                                timeout_refusal("deadline_exceeded_waiting_for_device_lock"),
+                                timeout_refusal("waiting_for_device_lock"),
                             )
                             .await)
                     }
@@ -1223,11 +1235,7 @@ impl Kernel {
         }
         if Instant::now() >= ctx.deadline {
             return Ok(self
-                .refuse_admitted(
-                    &ctx,
-                    &admitted.reservations,
-                    timeout_refusal("deadline_exceeded_before_dispatch"),
-                )
+                .refuse_admitted(&ctx, &admitted.reservations, timeout_refusal("checks"))
                 .await);
         }
         // Stops and safe-state actions are exempt: they always run.
@@ -1912,11 +1920,14 @@ fn replayed(mut r: Value) -> Value {
     r
 }
 
-fn timeout_refusal(reason: &str) -> Refusal {
+/// CORE-061: a deadline that passed during the checks is
+/// `deadline_exceeded_before_dispatch`, wherever it passed (`waiting` says
+/// where: the checks, or the wait for the device lock).
+fn timeout_refusal(waiting: &str) -> Refusal {
     Refusal::new(
         Code::OutcomeTimeout,
         "the deadline passed before dispatch; nothing was dispatched",
-        json!({"reason": reason}),
+        json!({"reason": "deadline_exceeded_before_dispatch", "while": waiting}),
     )
 }
 
@@ -1930,6 +1941,20 @@ pub(crate) fn latched_refusal(dev: &DeviceRt) -> Refusal {
         ),
         json!({"device_id": dev.id(), "latched_since_ms": info.since_ms, "latch_reason": info.reason}),
     )
+}
+
+/// What a `command_id` is bound to: the principal, the binding and the
+/// input (its digest). The same id with the same key replays; with another
+/// key — other input, another binding, or another principal — it is a reuse:
+/// one principal never receives another's receipt by guessing its id.
+fn idempotency_key(
+    principal_id: &str,
+    device_id: &str,
+    capability_id: &str,
+    resource: &str,
+    digest: &str,
+) -> String {
+    format!("{device_id}/{capability_id}/{resource}/{digest}@{principal_id}")
 }
 
 fn resolve(dev: &DeviceRt, capability_id: &str, resource: Option<&str>) -> Resolve {

@@ -251,6 +251,7 @@ impl Kernel {
     async fn trip_observed(&self, d: usize, ev: LatchEvent) {
         let dev = &self.inner.devices[d];
         let t0 = Instant::now();
+        dev.estop_epoch.fetch_add(1, Ordering::SeqCst);
         if dev.latched.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -299,16 +300,31 @@ impl Kernel {
         }
         // Here the device may be hardware where the other process serves it
         // as simulated (configs that disagree): only an operator's reset may
-        // release a physical latch, whoever wrote the row.
-        if dev.spec.manifest.mode.is_physical() && !ev.by_operator {
+        // release a physical latch, whoever wrote the row. A terminal stop
+        // that ran here keeps its latch for this endpoint's life (CORE-087),
+        // and a native stop still in flight here blocks any release.
+        let refused = if dev.terminated.load(Ordering::SeqCst) {
+            Some("terminal_estop")
+        } else if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
+            Some("stop_path_pending")
+        } else if dev.spec.manifest.mode.is_physical() && !ev.by_operator {
+            Some("operator_required")
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
             self.record(Commit {
                 events: vec![EventDraft {
                     kind: "safety.reset.observed".into(),
-                    body: json!({"device_id": dev.id(), "reset_at_ms": ev.at_ms, "applied": false, "reason": "operator_required"}).into(),
+                    body: json!({"device_id": dev.id(), "reset_at_ms": ev.at_ms, "applied": false, "reason": reason}).into(),
                 }],
                 ..Commit::default()
             });
-            tracing::warn!(device_id = dev.id(), "a reset by a non-operator in another process was not applied to this hardware latch");
+            tracing::warn!(
+                device_id = dev.id(),
+                reason,
+                "a reset made in another process was not applied to this latch"
+            );
             return;
         }
         dev.latched.store(false, Ordering::SeqCst);

@@ -95,6 +95,18 @@ impl Principal {
             operator: false,
         }
     }
+    /// The same principal as seen through a surface a model drives (MCP):
+    /// an agent, never an operator, whatever its token names. A model that
+    /// holds a person's token acts as a model (DESIGN §1), for the policy
+    /// (`Tether::Agent`), for approvals and for resets alike.
+    #[must_use]
+    pub fn model_controlled(self) -> Self {
+        Self {
+            id: self.id,
+            kind: PrincipalKind::Agent,
+            operator: false,
+        }
+    }
     /// Evidence form (never carries credentials).
     pub fn to_json(&self) -> Value {
         json!({"id": self.id, "kind": self.kind.as_str()})
@@ -129,6 +141,12 @@ pub(crate) struct BindingRt {
     pub output: jsonschema::Validator,
 }
 
+/// Time kept back from a stop's budget or a caller's deadline to build and
+/// send the answer: a twentieth of it, at most 5 ms.
+pub(crate) fn answer_margin(budget: std::time::Duration) -> std::time::Duration {
+    (budget / 20).min(std::time::Duration::from_millis(5))
+}
+
 pub(crate) struct DeviceRt {
     pub spec: DeviceSpec,
     pub driver: Arc<dyn Driver>,
@@ -138,6 +156,9 @@ pub(crate) struct DeviceRt {
     /// Time of the newest latch or reset this process has applied (its own or
     /// one observed in the shared store); older store rows are ignored.
     pub latch_event_ms: AtomicU64,
+    /// Counts every e-stop engaged on this device here (a trip while already
+    /// latched included): a reset that sees it move keeps the latch.
+    pub estop_epoch: AtomicU64,
     /// Native stops still running (a hung one keeps this above zero and
     /// blocks reset: `stop_path_pending`).
     pub stops_in_flight: std::sync::atomic::AtomicUsize,
@@ -167,6 +188,13 @@ impl DeviceRt {
     }
     pub fn estop_budget_ms(&self) -> u64 {
         self.spec.manifest.safety.estop.latency_ms.unwrap_or(1000)
+    }
+    /// The part of the e-stop budget the stop path may use before the answer
+    /// is made: the rest ([`answer_margin`]) writes the receipt, so the
+    /// answer comes within the budget, not just after it.
+    pub fn stop_path_budget(&self) -> std::time::Duration {
+        let budget = std::time::Duration::from_millis(self.estop_budget_ms());
+        budget.saturating_sub(answer_margin(budget))
     }
     /// Interlock readings for every declared interlock; unreported is unknown.
     pub fn interlock_readings(&self) -> Vec<(usize, InterlockState)> {
@@ -257,7 +285,7 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
+pub(crate) fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options()
         .should_validate_formats(false)
         .build(schema)
@@ -346,6 +374,7 @@ impl Kernel {
                 latched: AtomicBool::new(latched_at_start),
                 latch: Mutex::new(latch),
                 latch_event_ms: AtomicU64::new(event_ms),
+                estop_epoch: AtomicU64::new(0),
                 stops_in_flight: std::sync::atomic::AtomicUsize::new(0),
                 stop_confirmed: AtomicBool::new(false),
                 terminated: AtomicBool::new(false),
@@ -411,14 +440,26 @@ impl Kernel {
             .iter()
             .map(|d| json!({"device_id": d.id(), "mode": d.spec.manifest.mode.as_str(), "latched": d.latched.load(Ordering::SeqCst), "origin": d.spec.origin}))
             .collect();
+        // A latch restored from the store may come from a trip no endpoint
+        // saw (`tether estop` while none ran): the approvals asked for before
+        // it are withdrawn now, as a live e-stop withdraws them.
+        let mut revoked = Vec::new();
+        for d in &kernel.inner.devices {
+            if d.latched.load(Ordering::SeqCst) {
+                let since = d.latch.lock().map_or(u64::MAX, |l| l.since_ms);
+                revoked.extend(kernel.revoke_approvals_before(d.id(), since));
+            }
+        }
+        let revoked_ids: Vec<&str> = revoked.iter().map(|r| r.approval_id.as_str()).collect();
         kernel
             .inner
             .store
             .commit_blocking(Commit {
                 events: vec![EventDraft {
                     kind: "endpoint.start".into(),
-                    body: json!({"endpoint_id": kernel.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices}).into(),
+                    body: json!({"endpoint_id": kernel.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices, "revoked_approvals": revoked_ids}).into(),
                 }],
+                approvals: revoked,
                 ..Commit::default()
             })
             .map_err(StartError::Store)?;

@@ -65,9 +65,11 @@ pub struct BindingSpec {
     pub flags: Flags,
     /// Declared verb of an extension (shown, never trusted).
     pub declared_verb: Option<Verb>,
+    /// Declared flags of an extension (shown; only `two_person` is honoured).
+    pub declared_flags: Option<Flags>,
     /// Whether the class is catalogued.
     pub catalogued: bool,
-    /// Effective risk: max(class floor, binding risk).
+    /// Effective risk: max(class floor, binding risk, device risk) (CORE-030).
     pub risk: RiskClass,
     /// The served input schema (binding merged over class), with bounds.
     pub served_schema: Value,
@@ -403,6 +405,7 @@ fn resolve_device(
     check_envelope(ctx, &manifest, &bindings);
     check_safety(ctx, &manifest, &bindings);
     check_interlocks(ctx, &manifest);
+    check_facts(ctx, &manifest);
     Some(DeviceSpec {
         manifest,
         origin: src.origin.clone(),
@@ -530,16 +533,20 @@ fn resolve_binding(
             ctx.defect(at("risk"), format!("binding risk {r} is below the class floor {floor}; a binding may raise a class risk, never lower it"));
         }
     }
-    let risk = decl.risk.map_or(floor, |r| r.max(floor));
-    if m.risk_class < risk {
+    let declared = decl.risk.map_or(floor, |r| r.max(floor));
+    if m.risk_class < declared {
         ctx.defect(
             "risk_class",
             format!(
                 "device risk {} is below the floor {} of binding `{}`",
-                m.risk_class, risk, decl.capability_id
+                m.risk_class, declared, decl.capability_id
             ),
         );
     }
+    // OpenMHS CORE-030: a binding's risk is never below the class floor or
+    // the device's declared risk. What the device risks, every call on it
+    // risks: the policy, the permit rule and the reference weigh this.
+    let risk = declared.max(m.risk_class);
     let is_configure = decl.capability_id == catalogue::CONFIGURE;
     let served_schema = if is_configure {
         if decl.input_schema.is_some() {
@@ -551,7 +558,12 @@ fn resolve_binding(
         writable_schema(state_schema)
     } else {
         match (class, &decl.input_schema) {
-            (Some(c), Some(b)) => merge_schema(&c.input_schema, b),
+            (Some(c), Some(b)) => {
+                for loosened in loosenings(&c.input_schema, b, "") {
+                    ctx.defect(at("input_schema"), loosened);
+                }
+                merge_schema(&c.input_schema, b)
+            }
             (Some(c), None) => c.input_schema.clone(),
             (None, Some(b)) => b.clone(),
             (None, None) => return None,
@@ -635,7 +647,13 @@ fn resolve_binding(
         .as_ref()
         .is_some_and(|s| s.achieved_by.iter().any(|a| a == &decl.capability_id));
     let verb = class.map_or(Verb::Action, |c| c.verb);
-    let flags = class.map(|c| c.flags).unwrap_or_default();
+    // An extension's declared flags are never trusted to exempt it from
+    // anything; the one flag that only restricts (two_person: a quorum of at
+    // least two) is honoured, since ignoring it would fail open.
+    let flags = class.map(|c| c.flags).unwrap_or_else(|| Flags {
+        two_person: is_ext && decl.flags.is_some_and(|f| f.two_person),
+        ..Flags::default()
+    });
     let default_concurrency = if verb == Verb::Read || flags.stop_class {
         Concurrency::Shared
     } else if m.mode.is_physical() {
@@ -654,6 +672,7 @@ fn resolve_binding(
         verb,
         flags,
         declared_verb: if is_ext { decl.verb } else { None },
+        declared_flags: if is_ext { decl.flags } else { None },
         catalogued: !is_ext,
         risk,
         served_schema,
@@ -743,6 +762,60 @@ fn without_read_only(schema: &Value, depth: usize) -> Value {
         out.insert(k.clone(), kept);
     }
     Value::Object(out)
+}
+
+/// Where a binding schema would admit what its class schema refuses: a
+/// member a closed class object does not declare, or a closed object opened
+/// (`additionalProperties`). The class schema is validated as well, so such
+/// a binding would publish a schema whose inputs are then refused; a binding
+/// may only narrow its class (OpenMHS CORE-023: binding ∩ class).
+fn loosenings(class: &Value, binding: &Value, at: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let closed = class.get("additionalProperties") == Some(&Value::Bool(false));
+    if closed {
+        match binding.get("additionalProperties") {
+            None | Some(Value::Bool(false)) => {}
+            Some(_) => out.push(format!(
+                "{}additionalProperties: the class closes this object; a binding may not open it",
+                prefix(at)
+            )),
+        }
+    }
+    let (Some(Value::Object(cp)), Some(Value::Object(bp))) =
+        (class.get("properties"), binding.get("properties"))
+    else {
+        if closed {
+            if let Some(Value::Object(bp)) = binding.get("properties") {
+                for name in bp.keys() {
+                    out.push(undeclared(at, name));
+                }
+            }
+        }
+        return out;
+    };
+    for (name, b) in bp {
+        match cp.get(name) {
+            Some(c) => out.extend(loosenings(c, b, &format!("{}{name}", prefix(at)))),
+            None if closed => out.push(undeclared(at, name)),
+            None => {}
+        }
+    }
+    out
+}
+
+fn prefix(at: &str) -> String {
+    if at.is_empty() {
+        String::new()
+    } else {
+        format!("{at}.")
+    }
+}
+
+fn undeclared(at: &str, name: &str) -> String {
+    format!(
+        "{}{name}: the class does not accept this member; a binding may only narrow its class",
+        prefix(at)
+    )
 }
 
 /// Merges a binding schema over a class schema: `properties` merge per
@@ -880,11 +953,56 @@ fn check_safety(ctx: &mut Ctx<'_>, m: &DeviceManifest, bindings: &[BindingSpec])
                     || b.is_stop()
                     || b.achieves_safe_state
                     || b.limits.check(&json!({})).is_err()
+                    || !accepts_empty_input(b)
             });
         if bad {
             ctx.defect("safety.estop.reenable", format!("`{re}` must be bound to exactly one resource, accept an empty input, and be no read, stop class or safe-state action"));
         }
     }
+}
+
+/// OpenMHS CORE-032: a fact has a text, a source (`vendor_doc`,
+/// `upstream_code`, `operator` or `interview`) and, for the first two, a ref
+/// `path/in/clone:LINE`; a statement without them is not a fact and is not
+/// published as one.
+fn check_facts(ctx: &mut Ctx<'_>, m: &DeviceManifest) {
+    for (i, f) in m.facts.iter().enumerate() {
+        let at = |what: &str| format!("facts[{i}].{what}");
+        if f.text.trim().is_empty() {
+            ctx.defect(at("text"), "a fact needs a statement");
+        }
+        let needs_ref = match f.source.as_str() {
+            "vendor_doc" | "upstream_code" => true,
+            "operator" | "interview" => false,
+            other => {
+                ctx.defect(
+                    at("source"),
+                    format!("`{other}` is not a source: vendor_doc, upstream_code, operator or interview"),
+                );
+                false
+            }
+        };
+        match &f.reference {
+            None if needs_ref => ctx.defect(
+                at("ref"),
+                format!("a {} fact needs a ref path/in/clone:LINE", f.source),
+            ),
+            Some(r) if !tether_limits::rule::is_source_ref(r) => ctx.defect(
+                at("ref"),
+                format!("ref `{r}` must have the form path/in/clone:LINE"),
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Whether `{}` is valid against the binding's served schema and its
+/// class schema (a schema that does not compile accepts nothing).
+fn accepts_empty_input(b: &BindingSpec) -> bool {
+    let empty = json!({});
+    std::iter::once(&b.served_schema)
+        .chain(b.class_schema.as_ref())
+        .all(|schema| crate::kernel::compile(schema).is_ok_and(|v| v.is_valid(&empty)))
 }
 
 fn check_interlocks(ctx: &mut Ctx<'_>, m: &DeviceManifest) {

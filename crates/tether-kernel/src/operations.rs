@@ -120,6 +120,15 @@ impl Kernel {
         )
     }
 
+    /// The running operation of `command_id`, whatever session runs it
+    /// (command ids are endpoint-wide and bound to one principal).
+    pub fn operation_of_command(&self, command_id: &str) -> Option<String> {
+        let ops = self.inner.ops.lock().ok()?;
+        ops.iter()
+            .find(|(_, op)| op.command_id == command_id)
+            .map(|(id, _)| id.clone())
+    }
+
     /// The running operation of `command_id` in session `session_id`, if any.
     ///
     /// A surface whose client cancels a call (MCP `notifications/cancelled`, a

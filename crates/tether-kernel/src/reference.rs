@@ -18,6 +18,7 @@ fn binding_entry(b: &BindingSpec) -> Value {
         "resource": b.resource,
         "verb": b.verb.as_str(),
         "declared_verb": b.declared_verb.map(Verb::as_str),
+        "declared_flags": b.declared_flags.map(|f| json!({"stop_class": f.stop_class, "risk_reducing": f.risk_reducing, "safe_place": f.safe_place, "two_person": f.two_person})),
         "catalogued": b.catalogued,
         "risk": b.risk.as_str(),
         "flags": {"stop_class": b.flags.stop_class, "risk_reducing": b.flags.risk_reducing, "safe_place": b.flags.safe_place, "two_person": b.flags.two_person},
@@ -157,10 +158,10 @@ fn limit_line(path: &str, l: &Value) -> String {
         let _ = write!(s, " (elements: {})", names.join(", "));
     }
     if l.get("operator_required") == Some(&Value::Bool(true)) {
-        if l.get("min").is_some() || l.get("max").is_some() || l.get("allowed").is_some() {
+        if l.get("operator_filled") == Some(&Value::Bool(true)) {
             s.push_str(" operator_required (filled by the operator overlay)");
         } else {
-            s.push_str(" operator_required: unset, calls that set it are refused until an operator overlay fills it");
+            s.push_str(" operator_required: unset, calls that set it are refused until an operator overlay fills it (the bounds shown come from other sources)");
         }
     }
     if let Some(src) = l.get("sources").or_else(|| l.get("source")) {
@@ -227,7 +228,10 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
             .and_then(Value::as_object)
             .filter(|w| !w.is_empty());
         let limit = match x.get("limit").filter(|v| !v.is_null()) {
-            _ if x["operator_required"] == json!(true) && within.is_none() => {
+            _ if x["operator_required"] == json!(true)
+                && x["operator_filled"] != json!(true)
+                && within.is_none() =>
+            {
                 format!("`{name}` operator_required: refused until an operator overlay fills it")
             }
             Some(l) => limit_line(&name, l),

@@ -71,7 +71,8 @@ impl Kernel {
                 .estop_devices(devices, &reason, req.requested_by, req.session_id, None)
                 .await
         });
-        match tokio::time::timeout(deadline, &mut task).await {
+        let answer_by = deadline.saturating_sub(crate::kernel::answer_margin(deadline));
+        match tokio::time::timeout(answer_by, &mut task).await {
             Ok(Ok(answer)) => answer,
             _ => json!({
                 "receipt_id": ids::mint("rcpt_"),
@@ -94,6 +95,7 @@ impl Kernel {
         let mut latch_latency = Vec::with_capacity(targets.len());
         for &d in targets {
             let dev = &self.inner.devices[d];
+            dev.estop_epoch.fetch_add(1, Ordering::SeqCst);
             let was = dev.latched.swap(true, Ordering::SeqCst);
             if let Ok(mut l) = dev.latch.lock() {
                 if !was {
@@ -399,6 +401,7 @@ impl Kernel {
             new_approval: std::sync::OnceLock::new(),
             rider: None,
         };
+        let epoch = dev.estop_epoch.load(Ordering::SeqCst);
         if let Some(refusal) = self.reset_refusal(d, p) {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
         }
@@ -428,6 +431,11 @@ impl Kernel {
             return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
         }
         dev.latch_event_ms.fetch_max(reset_at, Ordering::SeqCst);
+        // CORE-081: the latch is released only if no e-stop engaged and no
+        // stop attempt started while the reset was being made durable.
+        if let Some(refusal) = self.reset_overtaken(d, epoch, reset_at).await {
+            return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
+        }
         dev.latched.store(false, Ordering::SeqCst);
         if let Ok(mut l) = dev.latch.lock() {
             *l = LatchInfo::default();
@@ -441,6 +449,43 @@ impl Kernel {
             None,
         );
         Ok(receipt.into_json())
+    }
+
+    /// An e-stop engaged (the epoch moved) or a stop attempt started while
+    /// the reset at `reset_at` was being committed: the latch is kept, and
+    /// asserted again in the store after the reset row, so no process and no
+    /// restart reads the device as released.
+    async fn reset_overtaken(&self, d: usize, epoch: u64, reset_at: u64) -> Option<Refusal> {
+        let dev = &self.inner.devices[d];
+        let reason = if dev.estop_epoch.load(Ordering::SeqCst) != epoch {
+            "estop_during_reset"
+        } else if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
+            "stop_path_pending"
+        } else {
+            return None;
+        };
+        let since = now_ms().max(reset_at + 1);
+        dev.latch_event_ms.fetch_max(since, Ordering::SeqCst);
+        let reassert = Commit {
+            events: vec![EventDraft {
+                kind: "safety.reset.overtaken".into(),
+                body: json!({"device_id": dev.id(), "reason": reason, "reset_at_ms": reset_at})
+                    .into(),
+            }],
+            latches: vec![crate::governed::trip_row(
+                dev.id(),
+                since,
+                "the latch is kept: a stop engaged while a reset was being made",
+                "reset_overtaken",
+            )],
+            ..Commit::default()
+        };
+        let durable = self.commit(reassert).await.is_ok();
+        Some(Refusal::new(
+            Code::SafetyResetRefused,
+            "a stop engaged while the reset was being made; the latch is kept",
+            json!({"reason": reason, "latched": true, "stop_reasserted": true, "latch_durable": durable}),
+        ))
     }
 
     fn reset_refusal(&self, d: usize, p: &Principal) -> Option<Refusal> {
@@ -488,6 +533,15 @@ impl Kernel {
                 json!({"reason": "operator_required", "latched": true}),
             ));
         }
+        // Before anything that reads the device: a native stop in flight
+        // refuses at once (CORE-080; there is no override).
+        if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
+            return Some(Refusal::new(
+                Code::SafetyResetRefused,
+                "a stop attempt of the device is still running",
+                json!({"reason": "stop_path_pending", "latched": true}),
+            ));
+        }
         let open: Vec<Value> = dev
             .interlock_readings()
             .into_iter()
@@ -502,13 +556,6 @@ impl Kernel {
                 Code::SafetyResetRefused,
                 "an interlock is open or unknown",
                 json!({"reason": "interlock_open", "interlocks": open, "latched": true}),
-            ));
-        }
-        if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
-            return Some(Refusal::new(
-                Code::SafetyResetRefused,
-                "a stop attempt of the device is still running",
-                json!({"reason": "stop_path_pending", "latched": true}),
             ));
         }
         let running: Vec<String> = self.running_on(d).into_iter().map(|(op, _)| op).collect();

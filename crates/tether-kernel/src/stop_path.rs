@@ -70,19 +70,27 @@ impl Kernel {
     ) -> Result<StopDone, StopFailure> {
         let dev = &self.inner.devices[d];
         let m = &dev.spec.manifest;
-        let budget = Duration::from_millis(dev.estop_budget_ms());
+        let budget = dev.stop_path_budget();
         if m.safety.estop.terminal.is_some() {
             // From the first stop path on, this endpoint never resets the device.
             dev.terminated.store(true, Ordering::SeqCst);
         }
         let native = m.safety.estop.native.unwrap_or(true);
+        // Without a driver stop, a bound e-stop class is the native stop
+        // (CORE-074: the bridge's estop, else a bound cap.motion.estop.v1).
+        let bound_estop = !native
+            && dev
+                .spec
+                .bindings
+                .iter()
+                .any(|b| b.catalogued && b.capability_id == catalogue::ESTOP);
         let actions: Vec<String> = m
             .safety
             .safe_state
             .as_ref()
             .map(|s| s.achieved_by.clone())
             .unwrap_or_default();
-        if !native && actions.is_empty() {
+        if !native && !bound_estop && actions.is_empty() {
             if m.mode.is_physical() {
                 return Err(StopFailure {
                     reason: "no_stop_path",
@@ -95,7 +103,7 @@ impl Kernel {
                 software_only: true,
             });
         }
-        if native {
+        if native || bound_estop {
             // With actions to follow, the native stop gets half the budget so
             // the actions start no later than that even if it hangs.
             let share = if actions.is_empty() {
@@ -104,7 +112,25 @@ impl Kernel {
                 budget / 2
             };
             let limit = share.saturating_sub(t0.elapsed());
-            if let Err(e) = self.run_native_stop(d, limit, reason, command_id).await {
+            let stopped = if native {
+                self.run_native_stop(d, limit, reason, command_id).await
+            } else {
+                self.run_safe_state_actions(
+                    d,
+                    Instant::now() + limit,
+                    &[catalogue::ESTOP.to_owned()],
+                )
+                .await
+                .map_err(|e| StopFailure {
+                    reason: if e.reason == "timeout" {
+                        "timeout"
+                    } else {
+                        "native_failed"
+                    },
+                    message: format!("the bound e-stop: {}", e.message),
+                })
+            };
+            if let Err(e) = stopped {
                 if actions.is_empty() {
                     return Err(e);
                 }
@@ -116,9 +142,10 @@ impl Kernel {
         }
         self.run_safe_state_actions(d, t0 + budget, &actions)
             .await?;
-        let software_only = matches!(m.mode, Mode::Simulated | Mode::Replay) && !native;
+        let software_only =
+            matches!(m.mode, Mode::Simulated | Mode::Replay) && !native && !bound_estop;
         Ok(StopDone {
-            native,
+            native: native || bound_estop,
             actions,
             software_only,
         })

@@ -567,8 +567,9 @@ async fn a_deadline_that_passes_while_waiting_for_the_device_is_a_timeout_before
     assert_eq!(r["error"]["mhs_code"], "MHS.OUTCOME.TIMEOUT", "{r}");
     assert_eq!(
         r["error"]["details"]["reason"],
-        "deadline_exceeded_waiting_for_device_lock"
+        "deadline_exceeded_before_dispatch"
     );
+    assert_eq!(r["error"]["details"]["while"], "waiting_for_device_lock");
     assert_eq!(rig.calls(), calls);
     assert_eq!(first.await.expect("join")["status"], "completed");
 }

@@ -16,7 +16,7 @@ use tether_store::{Commit, EventDraft, MemoryStore, OpenOp, SqliteStore, Store};
 const MANIFEST: &str = r#"
 device_id = "cnc-1"
 mode = "hardware"
-risk_class = "R2"
+risk_class = "R1"
 driver = "test"
 
 [[resources]]

@@ -133,6 +133,8 @@ pub struct EffectiveLimits {
 struct Gathered {
     entries: BTreeMap<String, Entry>,
     budgets: Vec<BudgetRule>,
+    /// Which of `budgets` came from a narrow-only source (the overlay).
+    narrow_budgets: Vec<bool>,
     unresolved: Vec<(SourceKind, String)>,
     errors: Vec<LoadError>,
 }
@@ -157,6 +159,10 @@ pub fn build(schema: &Value, sources: &[SourceRules]) -> Result<EffectiveLimits,
     gathered
         .errors
         .extend(intersect::cross_path_widening(&gathered.entries));
+    gathered.errors.extend(widening_budgets(&gathered));
+    gathered
+        .errors
+        .extend(intersect::cross_path_contradictions(&gathered.entries));
     if !gathered.errors.is_empty() {
         return Err(gathered.errors);
     }
@@ -177,6 +183,42 @@ pub fn build(schema: &Value, sources: &[SourceRules]) -> Result<EffectiveLimits,
         unresolved: gathered.unresolved,
         unlimited,
     })
+}
+
+/// A narrow-only source (the overlay) may lower a budget, never raise one:
+/// an overlay budget above a regular source's on the same path and window is
+/// widening and refused, as a widening bound is (it would otherwise be
+/// silently dropped, and the operator would believe it in force).
+fn widening_budgets(g: &Gathered) -> Vec<LoadError> {
+    let mut errors = Vec::new();
+    for (i, narrow) in g.budgets.iter().enumerate() {
+        if !g.narrow_budgets.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let regular = g.budgets.iter().enumerate().filter(|(j, b)| {
+            !g.narrow_budgets.get(*j).copied().unwrap_or(false)
+                && b.path == narrow.path
+                && b.window == narrow.window
+        });
+        if let Some((_, wider_than)) = regular
+            .filter(|(_, b)| narrow.limit > b.limit)
+            .min_by(|a, b| a.1.limit.total_cmp(&b.1.limit))
+        {
+            errors.push(LoadError {
+                path: narrow.path.to_string(),
+                reason: LoadErrorKind::WideningOverlay,
+                source: narrow.source.clone(),
+                message: format!(
+                    "budget max {} per {} is above the {} budget {}; an overlay may only lower a budget",
+                    narrow.limit,
+                    narrow.window.as_str(),
+                    wider_than.source,
+                    wider_than.limit
+                ),
+            });
+        }
+    }
+    errors
 }
 
 /// Budgets on the same path and window share one pool, so only the smallest
@@ -286,6 +328,7 @@ fn admit(source: &SourceRules, field: Field, entry: RuleEntry, out: &mut Gathere
                 source: source.kind.to_string(),
                 reason: spec.reason.clone(),
             });
+            out.narrow_budgets.push(source.narrow_only);
             return;
         }
     }

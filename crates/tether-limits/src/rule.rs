@@ -186,12 +186,35 @@ fn take<T>(
     }
 }
 
+/// Whether `text` is a source reference of the form `path/in/clone:LINE`
+/// (a non-empty path without spaces, a colon, a line number from 1).
+pub fn is_source_ref(text: &str) -> bool {
+    let Some((path, line)) = text.rsplit_once(':') else {
+        return false;
+    };
+    !path.is_empty()
+        && !path.chars().any(char::is_whitespace)
+        && !line.is_empty()
+        && line.len() <= 9
+        && line.bytes().all(|b| b.is_ascii_digit())
+        && line.parse::<u32>().is_ok_and(|n| n >= 1)
+}
+
 fn check_consistency(spec: &mut RuleSpec, defects: &mut Vec<RuleDefect>) {
     if let Some(origin) = spec.origin {
         if origin.requires_ref() && spec.reference.is_none() {
             defects.push(defect(
                 LoadErrorKind::MissingRef,
                 format!("source {} requires a ref", origin.as_str()),
+            ));
+        }
+    }
+    let cited = spec.origin.is_some_and(Origin::requires_ref);
+    if let Some(r) = spec.reference.as_ref().filter(|_| cited) {
+        if !is_source_ref(r) {
+            defects.push(defect(
+                LoadErrorKind::MissingRef,
+                format!("ref `{r}` must have the form path/in/clone:LINE"),
             ));
         }
     }

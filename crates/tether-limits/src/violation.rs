@@ -65,6 +65,9 @@ pub struct Violation {
     pub limit_path: String,
     /// Why the bound exists, when the source said.
     pub reason: Option<String>,
+    /// Where the broken bound comes from (`{source, origin, ref, reason}`),
+    /// when the source said.
+    pub provenance: Option<Value>,
 }
 
 impl Violation {
@@ -86,6 +89,9 @@ impl Violation {
         out.insert("limit_path".into(), Value::from(self.limit_path.as_str()));
         if let Some(reason) = &self.reason {
             out.insert("reason".into(), Value::from(reason.as_str()));
+        }
+        if let Some(p) = &self.provenance {
+            out.insert("provenance".into(), p.clone());
         }
         Value::Object(out)
     }

@@ -245,7 +245,7 @@ fn reference_json_lists_limits_budgets_and_unlimited_leaves() {
     assert_eq!(joints["unit"], "rad");
     assert_eq!(joints["names"], json!(JOINT_NAMES));
     assert_eq!(joints["sources"], json!(["class"]));
-    assert_eq!(joints["provenance"][0]["ref"], "arm manual 4.2");
+    assert_eq!(joints["provenance"][0]["ref"], "docs/arm-manual.md:42");
     assert_eq!(doc["limits"]["speed"]["max"], 2.0);
     assert_eq!(doc["cumulative"][0]["per"], "rolling_1h");
     assert_eq!(doc["operator_required"], json!(["gripper.force"]));

@@ -155,6 +155,38 @@ fn contradictory_sources_are_a_load_error() {
 }
 
 #[test]
+fn sources_that_contradict_under_two_spellings_are_a_load_error() {
+    // Per-element max 2.0 for the shoulder, and a min of 2.5 on joints[1].
+    let kinds = load_kinds(&[
+        arm_class(),
+        binding(&[("joints[1]", json!({"min": 2.5, "unit": "rad"}))]),
+    ]);
+    assert_eq!(kinds, ["contradictory"]);
+    // The same min on a joint whose max is above it is fine.
+    let built = build(
+        &arm_schema(),
+        &[
+            arm_class(),
+            binding(&[("joints[0]", json!({"min": 2.5, "unit": "rad"}))]),
+        ],
+    );
+    assert!(built.is_ok(), "{built:?}");
+}
+
+#[test]
+fn an_integer_field_whose_allowed_values_are_all_fractional_is_a_load_error() {
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let built = build(&schema, &[class(&[("n", json!({"allowed": [1.5]}))])]);
+    let kinds: Vec<&str> = built
+        .expect_err("refused")
+        .iter()
+        .map(|e| e.reason.as_str())
+        .collect();
+    assert_eq!(kinds, ["contradictory"]);
+    assert!(build(&schema, &[class(&[("n", json!({"allowed": [1.5, 2]}))])]).is_ok());
+}
+
+#[test]
 fn unknown_window_is_a_load_error() {
     assert_eq!(
         load_kinds(&[class(&[("speed", json!({"max": 100, "per": "fortnight"}))])]),
@@ -178,6 +210,55 @@ fn overlay_that_widens_is_a_load_error() {
         overlay(&[("mode", json!({"allowed": ["slow", "unsafe"]}))]),
     ]);
     assert_eq!(kinds, ["widening_overlay"]);
+}
+
+#[test]
+fn an_overlay_budget_above_a_regular_one_is_widening() {
+    let regular = || class(&[("speed", json!({"max": 100, "per": "session"}))]);
+    let kinds = load_kinds(&[
+        regular(),
+        overlay(&[("speed", json!({"max": 500, "per": "session"}))]),
+    ]);
+    assert_eq!(kinds, ["widening_overlay"]);
+    // Lower is narrowing; another window is a pool of its own.
+    for (max, per) in [(50, "session"), (500, "rolling_1h")] {
+        let built = build(
+            &arm_schema(),
+            &[
+                regular(),
+                overlay(&[("speed", json!({"max": max, "per": per}))]),
+            ],
+        );
+        assert!(built.is_ok(), "{max} per {per}: {built:?}");
+    }
+}
+
+#[test]
+fn a_cited_ref_must_name_a_file_and_line() {
+    for bad in [
+        "see the manual",
+        "manual.pdf",
+        "manual.pdf:",
+        "manual.pdf:0",
+        "a b.md:3",
+    ] {
+        assert_eq!(
+            load_kinds(&[class(&[(
+                "speed",
+                json!({"max": 2, "source": "vendor_doc", "ref": bad})
+            )])]),
+            ["missing_ref"],
+            "{bad}"
+        );
+    }
+    let built = build(
+        &arm_schema(),
+        &[class(&[(
+            "speed",
+            json!({"max": 2, "source": "vendor_doc", "ref": "docs/arm.md:12"}),
+        )])],
+    );
+    assert!(built.is_ok(), "{built:?}");
 }
 
 #[test]

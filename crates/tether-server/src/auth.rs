@@ -64,6 +64,25 @@ impl Authenticator {
         !self.credentials.is_empty()
     }
 
+    /// The principal a request's `Authorization` header establishes. A
+    /// request with several `Authorization` headers is refused: which one
+    /// names the caller would be a guess (RFC 9110 allows the field once).
+    ///
+    /// # Errors
+    /// As [`Self::authenticate`], and `reason: multiple_authorization_headers`.
+    pub fn from_headers(&self, headers: &axum::http::HeaderMap) -> Result<Principal, ApiError> {
+        let mut values = headers.get_all(axum::http::header::AUTHORIZATION).iter();
+        let first = values.next();
+        if self.required() && values.next().is_some() {
+            return Err(ApiError::new(
+                Code::AuthUnauthenticated,
+                "send one Authorization header; this request has several",
+                json!({"reason": "multiple_authorization_headers"}),
+            ));
+        }
+        self.authenticate(bearer(first.and_then(|v| v.to_str().ok())))
+    }
+
     /// The principal a bearer token establishes.
     ///
     /// # Errors

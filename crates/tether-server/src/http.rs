@@ -4,7 +4,7 @@
 //! Each request runs on its own task, so an e-stop is served while a long
 //! motion is in flight on another connection.
 
-use crate::auth::{bearer, Authenticator};
+use crate::auth::Authenticator;
 use crate::json_response;
 use crate::rpc::{error_response, handle_text};
 use axum::body::{to_bytes, Body};
@@ -43,12 +43,7 @@ pub fn router(kernel: Kernel, auth: Authenticator) -> Router {
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     // With principals configured every request, the e-stop included, needs a
     // valid token; it is refused before the body is even read.
-    let token = bearer(
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    );
-    let principal = match state.auth.authenticate(token) {
+    let principal = match state.auth.from_headers(&headers) {
         Ok(p) => p,
         Err(e) => {
             let body = error_response(Value::Null, e.code, &e.message, e.details);

@@ -120,18 +120,24 @@ pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) ->
                 }
             }
             let mut details = json!({"reason": "invalid_json", "message": msg});
-            // JSON that only the strict reading refuses (a duplicate key, a
-            // non-finite number besides) is still recognisable: an e-stop in
-            // it latches, and the parse error says so.
-            let lenient =
-                lenient_parse(text).or_else(|| repaired.as_deref().and_then(lenient_parse));
-            if let Some(Value::Object(obj)) = lenient {
-                if estop_target(&obj) {
-                    let defect = format!("request is not strict JSON: {msg}");
-                    let receipt = serve_malformed_estop(kernel, principal, &obj, &defect).await;
-                    details["estop_served"] = json!(true);
-                    details["receipt"] = receipt;
-                }
+            // Text that reads as an e-stop though it is not strict JSON (a
+            // duplicate key, truncated) latches, and the parse error says so.
+            // Which device it meant cannot be trusted (the permissive reading
+            // keeps the last of two keys), so it stops every device.
+            if names_estop_loosely(text) {
+                let lenient =
+                    lenient_parse(text).or_else(|| repaired.as_deref().and_then(lenient_parse));
+                let reason = lenient
+                    .as_ref()
+                    .and_then(|v| v.get("params"))
+                    .and_then(|p| p.get("reason"))
+                    .cloned();
+                let mut every = serde_json::Map::new();
+                every.insert("params".into(), json!({"reason": reason}));
+                let defect = format!("request is not strict JSON: {msg}");
+                let receipt = serve_malformed_estop(kernel, principal, &every, &defect).await;
+                details["estop_served"] = json!(true);
+                details["receipt"] = receipt;
             }
             return Some(Reply::error(
                 Value::Null,
@@ -148,6 +154,24 @@ pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) ->
 /// wins, depth bounded by its recursion limit), only to recognise an e-stop.
 fn lenient_parse(text: &str) -> Option<Value> {
     serde_json::from_str(text).ok()
+}
+
+/// Whether text that is not strict JSON reads as an e-stop: some `"method"`
+/// member names `mhs.safety.estop`, or an `mhs.command` names the e-stop
+/// class. A textual look, bounded by the (≤ 1 MiB) text; a false positive
+/// stops devices, which for a request that mentions the e-stop is the safe
+/// mistake.
+fn names_estop_loosely(text: &str) -> bool {
+    let method_is = |wanted: &str| {
+        text.match_indices("\"method\"").any(|(at, key)| {
+            let rest = text[at + key.len()..].trim_start();
+            rest.strip_prefix(':')
+                .map(str::trim_start)
+                .is_some_and(|v| v.starts_with(wanted))
+        })
+    };
+    method_is("\"mhs.safety.estop\"")
+        || (method_is("\"mhs.command\"") && text.contains(&format!("\"{}\"", catalogue::ESTOP)))
 }
 
 /// Whether a JSON object asks for an e-stop (by method, whatever the envelope).

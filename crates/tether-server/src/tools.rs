@@ -1,12 +1,14 @@
 //! The tool catalogue shared by the agent-facing surfaces (MCP and the REST
 //! tool gateway): one tool per binding, named predictably, plus the e-stop.
 //!
-//! Naming rule (documented in docs/WIRE.md): `{device_id}__{short}` where
+//! Naming rule (documented in docs/MCP.md): `{device_id}__{short}` where
 //! `short` is the capability class id without its `cap.` / `x-cap.` prefix and
 //! `.vN` suffix, last dotted segment only (`cap.thermal.setpoint.v1` →
 //! `setpoint`). When two bindings of one device share a short name, the
 //! resource is appended: `{device_id}__{short}_{resource}`. The e-stop tool is
-//! named `estop` and is always listed.
+//! named `estop` and is always listed. Characters of a device id outside
+//! `A–Z a–z 0–9 _ . -` (`/`, `:`) become `_` in a tool name, and a name two
+//! devices would share gets `_2`, `_3`, ... on the later ones.
 //!
 //! A tool is a description; calling one goes through the kernel like any
 //! other request. Reset, permit, safe-place grant and approval routes are
@@ -131,7 +133,44 @@ pub fn catalogue(kernel: &Kernel) -> Vec<Tool> {
         };
         tools.extend(device_tools(&device_id, &got));
     }
+    make_names_unique(&mut tools);
     tools
+}
+
+/// A device id as it may appear in a tool name: MCP tool names are
+/// `[A-Za-z0-9_.-]` (clients refuse others) and REST puts them in a path, so
+/// every other character (`/`, `:`) becomes `_`.
+fn tool_safe(device_id: &str) -> String {
+    device_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Two devices whose ids differ only where `tool_safe` replaced characters
+/// would give two tools one name: the later ones get `_2`, `_3`, ...
+fn make_names_unique(tools: &mut [Tool]) {
+    let mut seen = std::collections::HashSet::new();
+    for t in tools.iter_mut() {
+        if seen.insert(t.name.clone()) {
+            continue;
+        }
+        // Bounded by the number of tools: some suffix up to it is free.
+        let limit = seen.len() + 2;
+        for n in 2..=limit {
+            let candidate = format!("{}_{n}", t.name);
+            if seen.insert(candidate.clone()) {
+                t.name = candidate;
+                break;
+            }
+        }
+    }
 }
 
 /// Finds a tool by name.
@@ -190,10 +229,11 @@ fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
         }
         let resource = b["resource"].as_str().unwrap_or_default().to_owned();
         let clash = shorts.iter().filter(|s| **s == shorts[i]).count() > 1;
+        let device_part = tool_safe(device_id);
         let name = if clash {
-            format!("{device_id}__{}_{resource}", shorts[i])
+            format!("{device_part}__{}_{}", shorts[i], tool_safe(&resource))
         } else {
-            format!("{device_id}__{}", shorts[i])
+            format!("{device_part}__{}", shorts[i])
         };
         let kind = match b["verb"].as_str() {
             Some("read") => ToolKind::Read,
@@ -296,8 +336,19 @@ fn limit_lines(limits: &Value) -> Vec<String> {
     let Some(map) = limits.get("limits").and_then(Value::as_object) else {
         return Vec::new();
     };
-    map.iter()
+    let mut lines: Vec<String> = map
+        .iter()
         .map(|(path, l)| {
+            // Deferred to the operator and not filled: whatever other sources
+            // bound, the kernel refuses any call that sets it
+            // (MHS.SAFETY.LIMITS_UNSET), so no bound is shown as if in force.
+            if l.get("operator_required") == Some(&Value::Bool(true))
+                && l.get("operator_filled") != Some(&Value::Bool(true))
+            {
+                return format!(
+                    "`{path}` unset (operator_required, no operator bound given): calls that set it are refused"
+                );
+            }
             let unit = l.get("unit").and_then(Value::as_str).unwrap_or("");
             let mut parts = vec![format!("`{path}`")];
             let bound = |key: &str| l.get(key).filter(|v| !v.is_null());
@@ -313,19 +364,31 @@ fn limit_lines(limits: &Value) -> Vec<String> {
             if let Some(per) = bound("per") {
                 parts.push(format!("per {per}"));
             }
-            // Deferred to the operator and not filled: no bound exists, and
-            // the kernel refuses any call that sets it (MHS.SAFETY.LIMITS_UNSET).
-            let unset = l.get("operator_required") == Some(&Value::Bool(true))
-                && ["min", "max", "allowed"].iter().all(|k| bound(k).is_none());
-            if unset {
-                parts.push(
-                    "unset (operator_required, no operator bound given): calls that set it are refused"
-                        .to_owned(),
-                );
-            }
             parts.join(" ")
         })
-        .collect()
+        .collect();
+    // Cumulative budgets: what the calls together may add up to.
+    for b in limits
+        .get("cumulative")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (Some(path), Some(max), Some(per)) = (
+            b.get("path").and_then(Value::as_str),
+            b.get("max"),
+            b.get("per").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        let unit = b.get("unit").and_then(Value::as_str).unwrap_or("");
+        lines.push(format!(
+            "`{path}` cumulative at most {}{} per {per}",
+            number(max),
+            sp(unit)
+        ));
+    }
+    lines
 }
 
 /// A bound as text: integral numbers without a fraction (`3`, not `3.0`),
@@ -357,8 +420,24 @@ fn sp(unit: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{describe, limit_lines, number, short_name, Subject, ToolKind};
+    use super::{
+        describe, estop_tool, limit_lines, make_names_unique, number, short_name, tool_safe,
+        Subject, ToolKind,
+    };
     use serde_json::json;
+
+    #[test]
+    fn tool_names_keep_to_the_mcp_alphabet_and_stay_unique() {
+        assert_eq!(tool_safe("lab/oven:2"), "lab_oven_2");
+        assert_eq!(tool_safe("arm-1.b_2"), "arm-1.b_2");
+        let mut tools = vec![estop_tool(), estop_tool(), estop_tool()];
+        for (t, name) in tools.iter_mut().zip(["a__x", "a__x", "a__x_2"]) {
+            t.name = name.to_owned();
+        }
+        make_names_unique(&mut tools);
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a__x", "a__x_2", "a__x_2_2"]);
+    }
 
     #[test]
     fn short_names_drop_prefix_and_version() {
@@ -389,9 +468,25 @@ mod tests {
         assert!(lines[0].starts_with("`n` unset"), "{}", lines[0]);
         assert!(lines[0].contains("refused"), "{}", lines[0]);
         // Filled by an overlay: just the bound.
-        let filled =
-            limit_lines(&json!({"limits": {"n": {"max": 2.0, "operator_required": true}}}));
+        let filled = limit_lines(
+            &json!({"limits": {"n": {"max": 2.0, "operator_required": true, "operator_filled": true}}}),
+        );
         assert_eq!(filled, vec!["`n` max 2"]);
+        // Bounds from the class do not count: until an operator gives one,
+        // calls are refused, and the line says so.
+        let class_only = limit_lines(
+            &json!({"limits": {"n": {"min": -1.0, "max": 9.0, "operator_required": true, "operator_filled": false}}}),
+        );
+        assert_eq!(class_only.len(), 1);
+        assert!(class_only[0].contains("unset"), "{class_only:?}");
+        assert!(!class_only[0].contains("max 9"), "{class_only:?}");
+        let budget = limit_lines(
+            &json!({"limits": {}, "cumulative": [{"path": "v", "max": 100.0, "per": "rolling_1h", "unit": "degC"}]}),
+        );
+        assert_eq!(
+            budget,
+            vec!["`v` cumulative at most 100 degC per rolling_1h"]
+        );
     }
 
     #[test]

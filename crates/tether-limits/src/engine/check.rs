@@ -66,6 +66,23 @@ impl EffectiveLimits {
         }
     }
 
+    /// The numeric leaves that no limit covers (see
+    /// [`EffectiveLimits::unlimited_paths`]) and that `input` sets, or relies
+    /// on a schema default for. OpenMHS CORE-046 refuses such a call on a
+    /// hardware or hybrid device at R1 or above (`no_limit`).
+    pub fn unlimited_set_paths(&self, input: &Value) -> Vec<String> {
+        let resolver = Resolver::new(&self.schema);
+        self.unlimited
+            .iter()
+            .filter(|text| {
+                // A path that does not parse is counted as set: fail closed.
+                LimitPath::parse(text)
+                    .map_or(true, |path| addresses_anything(input, &resolver, &path))
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The operator_required paths that no narrow-only source filled and that
     /// `input` sets, or relies on a schema default for. A non-empty answer
     /// means the caller refuses with LIMITS_UNSET.
@@ -210,6 +227,7 @@ fn base(
         element_name: element.and_then(|i| rule.names.as_ref()?.get(i).cloned()),
         limit_path: rule.path.to_string(),
         reason: slot.and_then(|s| s.reason.clone()),
+        provenance: slot.and_then(|s| rule.provenance_of(&s.source)),
     }
 }
 

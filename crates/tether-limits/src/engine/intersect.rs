@@ -185,6 +185,9 @@ pub(crate) fn intersect(key: &str, entry: &Entry) -> Result<EffectiveRule, Vec<L
     widening(key, &regular, &overlay, &mut errors);
     let effective = regular.meet(&overlay);
     contradictions(key, &effective, &mut errors);
+    if entry.field.kind == crate::schema::Kind::Integer {
+        no_integer_allowed(key, &effective, &mut errors);
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -431,6 +434,47 @@ fn first_wider<'a>(
         };
         wider.then_some((r, o))
     })
+}
+
+/// An integer field whose allowed values are all fractional admits nothing.
+fn no_integer_allowed(key: &str, side: &Side, errors: &mut Vec<LoadError>) {
+    let Some(set) = side.allowed_set() else {
+        return;
+    };
+    let integral = |v: &Value| v.as_f64().is_some_and(|x| x.fract() == 0.0);
+    if !set.is_empty() && !set.iter().any(integral) {
+        let names: Vec<&str> = side.allowed.iter().map(|l| l.source.as_str()).collect();
+        errors.push(load_error(
+            key,
+            LoadErrorKind::Contradictory,
+            names.join("+"),
+            "the field is an integer and no allowed value is one".into(),
+        ));
+    }
+}
+
+/// Sources that bound the same element under two spellings (`a[*]` or
+/// per-element bounds on `a`, and `a[2]`) are intersected for that element:
+/// a min above the max there, or no allowed value left, is contradictory
+/// even though neither path alone is.
+pub(crate) fn cross_path_contradictions(
+    entries: &std::collections::BTreeMap<String, Entry>,
+) -> Vec<LoadError> {
+    let mut errors = Vec::new();
+    for (key, specific) in entries {
+        for (other_key, general) in entries {
+            if other_key == key {
+                continue;
+            }
+            let Some(element) = covers(&general.field.canonical, &specific.field.canonical) else {
+                continue;
+            };
+            let g = Side::fold(general.contributions.iter(), slot_len(general)).element(element);
+            let s = Side::fold(specific.contributions.iter(), slot_len(specific)).element(0);
+            contradictions(key, &g.meet(&s), &mut errors);
+        }
+    }
+    errors
 }
 
 fn contradictions(key: &str, side: &Side, errors: &mut Vec<LoadError>) {

@@ -93,6 +93,11 @@ impl EffectiveRule {
             "operator_required".into(),
             Value::Bool(self.operator_required),
         );
+        if self.operator_required {
+            // Whether an operator's overlay gave the bound; until then every
+            // call that sets the value is refused, whatever other sources say.
+            out.insert("operator_filled".into(), Value::Bool(self.filled));
+        }
         Value::Object(out)
     }
 
@@ -109,6 +114,27 @@ impl EffectiveRule {
             }
         }
         Some(set)
+    }
+
+    /// The provenance entry of one source, if that source gave one with
+    /// more than its name (an origin, a reference or a reason).
+    pub(crate) fn provenance_of(&self, source: &str) -> Option<Value> {
+        let p = self.provenance.iter().find(|p| p.source == source)?;
+        if p.origin.is_none() && p.reference.is_none() && p.reason.is_none() {
+            return None;
+        }
+        let mut m = Map::new();
+        m.insert("source".into(), Value::from(p.source.as_str()));
+        if let Some(o) = p.origin {
+            m.insert("origin".into(), Value::from(o));
+        }
+        if let Some(r) = &p.reference {
+            m.insert("ref".into(), Value::from(r.as_str()));
+        }
+        if let Some(r) = &p.reason {
+            m.insert("reason".into(), Value::from(r.as_str()));
+        }
+        Some(Value::Object(m))
     }
 
     fn provenance_json(&self) -> Value {

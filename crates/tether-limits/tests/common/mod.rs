@@ -78,7 +78,7 @@ pub fn arm_class() -> SourceRules {
                 "unit": "rad",
                 "names": JOINT_NAMES,
                 "source": "vendor_doc",
-                "ref": "arm manual 4.2",
+                "ref": "docs/arm-manual.md:42",
                 "reason": "mechanical stops"
             }),
         ),

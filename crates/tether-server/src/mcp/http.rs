@@ -25,7 +25,7 @@
 
 use super::screen::{self, DefectiveEstop, Screened};
 use super::{Disconnect, TetherMcp};
-use crate::auth::{bearer, Authenticator};
+use crate::auth::Authenticator;
 use crate::rpc::error_response;
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{Request, State};
@@ -51,11 +51,74 @@ pub const MCP_PATH: &str = "/mcp";
 /// Longest SDK error body read to say why it refused an e-stop.
 const SDK_ERROR_BYTES_MAX: usize = 64 * 1024;
 
-/// What the guard needs: who may call, and the kernel to serve an e-stop the
-/// SDK would not.
+/// What the guard needs: who may call, the kernel to serve an e-stop the
+/// SDK would not, and who opened each MCP session.
 struct Guard {
     auth: Authenticator,
     kernel: Kernel,
+    owners: std::sync::Mutex<SessionOwners>,
+}
+
+/// MCP sessions kept track of, at most; the oldest is forgotten first, and a
+/// forgotten session is refused like an unknown one (the client initializes
+/// again).
+const SESSION_OWNERS_MAX: usize = 16_384;
+
+/// The principal that opened each MCP session (`Mcp-Session-Id`). A session
+/// belongs to its principal: another principal's request in it is refused
+/// as an unknown session, so it can neither call tools there nor cancel
+/// the owner's calls.
+#[derive(Default)]
+struct SessionOwners {
+    by_session: std::collections::HashMap<String, String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl SessionOwners {
+    fn record(&mut self, session: String, principal: String) {
+        if self.by_session.contains_key(&session) {
+            return;
+        }
+        while self.order.len() >= SESSION_OWNERS_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.by_session.remove(&old);
+            }
+        }
+        self.order.push_back(session.clone());
+        self.by_session.insert(session, principal);
+    }
+
+    fn owner(&self, session: &str) -> Option<&str> {
+        self.by_session.get(session).map(String::as_str)
+    }
+
+    fn forget(&mut self, session: &str) {
+        if self.by_session.remove(session).is_some() {
+            self.order.retain(|s| s != session);
+        }
+    }
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The `Mcp-Session-Id` a request or response carries.
+fn session_of(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// A session that does not belong to the caller reads as unknown (404, as
+/// the SDK answers a session it does not know).
+fn foreign_session() -> Response {
+    let body = error_response(
+        Value::Null,
+        Code::ProtocolInvalidRequest,
+        "session not found",
+        json!({"reason": "session_unknown", "http_status": 404}),
+    );
+    json_error(StatusCode::NOT_FOUND, &body)
 }
 
 /// The MCP router. `loopback` keeps the SDK's DNS-rebinding defence (only
@@ -78,6 +141,7 @@ pub fn router(
     let guard_state = Arc::new(Guard {
         auth,
         kernel: kernel.clone(),
+        owners: std::sync::Mutex::new(SessionOwners::default()),
     });
     let service = StreamableHttpService::new(
         move || Ok(TetherMcp::for_http(kernel.clone(), tools.clone())),
@@ -124,13 +188,7 @@ fn json_error(status: StatusCode, body: &Value) -> Response {
 }
 
 async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Response {
-    let token = bearer(
-        request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    );
-    let principal = match g.auth.authenticate(token) {
+    let principal = match g.auth.from_headers(request.headers()) {
         Ok(p) => p,
         Err(e) => {
             let body = error_response(Value::Null, e.code, &e.message, e.details);
@@ -145,6 +203,21 @@ async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Res
     } else {
         (request, None)
     };
+    let session = session_of(request.headers());
+    if let Some(sid) = &session {
+        let owned = g
+            .owners
+            .lock()
+            .map(|o| o.owner(sid) == Some(principal.id.as_str()))
+            .unwrap_or(false);
+        if !owned {
+            return match watch {
+                // An e-stop is served whatever session it names.
+                Some(watch) => refused_estop(&g.kernel, principal, watch, foreign_session()).await,
+                None => foreign_session(),
+            };
+        }
+    }
     let disconnect = CancellationToken::new();
     request.extensions_mut().insert(principal.clone());
     request
@@ -152,6 +225,15 @@ async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Res
         .insert(Disconnect(disconnect.clone()));
     let delete = request.method() == Method::DELETE;
     let mut response = next.run(request).await;
+    if let Ok(mut owners) = g.owners.lock() {
+        match (&session, session_of(response.headers())) {
+            (None, Some(opened)) if response.status().is_success() => {
+                owners.record(opened, principal.id.clone());
+            }
+            (Some(sid), _) if delete && response.status().is_success() => owners.forget(sid),
+            _ => {}
+        }
+    }
     if delete && response.status() == StatusCode::ACCEPTED {
         // The SDK answers a session DELETE with 202; clients (the Python SDK
         // among them) expect 200 or 204 and warn otherwise. The session is

@@ -189,14 +189,19 @@ impl TetherMcp {
 
     /// The caller: fixed over stdio, from the request over HTTP. A request
     /// that carries no principal is refused (fail closed).
+    ///
+    /// Every MCP caller is model-controlled: the principal is an agent and
+    /// never an operator here, whatever its token names (see
+    /// [`Principal::model_controlled`]).
     fn principal(&self, ctx: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
         if let Some(p) = &self.conn.principal {
-            return Ok(p.clone());
+            return Ok(p.clone().model_controlled());
         }
         ctx.extensions
             .get::<axum::http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<Principal>())
             .cloned()
+            .map(Principal::model_controlled)
             .ok_or_else(|| McpError::invalid_request("no authenticated principal", None))
     }
 

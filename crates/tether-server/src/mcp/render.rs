@@ -189,6 +189,7 @@ fn refusal_line(code: &str, message: &str, details: &Value, status: &str) -> Str
         }
         line.push('.');
     }
+    line.push_str(&detail_sentences(details));
     if let Some(id) = details.get("approval_id").and_then(Value::as_str) {
         line.push_str(&format!(
             " Held for approval `{id}`: a person must approve or deny it; a model cannot. \
@@ -199,6 +200,81 @@ fn refusal_line(code: &str, message: &str, details: &Value, status: &str) -> Str
         line.push_str(" Nothing was dispatched.");
     }
     line
+}
+
+/// The details other refusals carry, in words a model can act on: schema
+/// errors with their paths, a budget's limit, use and request, unset or
+/// unknown fields, open interlocks.
+fn detail_sentences(details: &Value) -> String {
+    let mut out = String::new();
+    let list = |key: &str| -> Vec<String> {
+        details
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .take(8)
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect()
+    };
+    if let Some(errors) = details.get("errors").and_then(Value::as_array) {
+        for e in errors.iter().take(4) {
+            let path = e.get("path").and_then(Value::as_str).unwrap_or("");
+            let message = e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("invalid");
+            let at = if path.is_empty() { "the input" } else { path };
+            out.push_str(&format!(" At `{at}`: {message}."));
+        }
+    }
+    if let (Some(limit), Some(used), Some(requested)) = (
+        details.get("limit"),
+        details.get("used"),
+        details.get("requested"),
+    ) {
+        let unit = details
+            .get("unit")
+            .and_then(Value::as_str)
+            .map(|u| format!(" {u}"))
+            .unwrap_or_default();
+        let path = details
+            .get("limit_path")
+            .and_then(Value::as_str)
+            .unwrap_or("the value");
+        let window = details
+            .get("window")
+            .and_then(Value::as_str)
+            .unwrap_or("its window");
+        out.push_str(&format!(
+            " Budget of `{path}` per {window}: limit {limit}{unit}, used {used}{unit}, this call asks {requested}{unit}."
+        ));
+    }
+    let paths = list("paths");
+    if !paths.is_empty() {
+        out.push_str(&format!(" Paths: {}.", paths.join(", ")));
+    }
+    let fields = list("fields");
+    if !fields.is_empty() {
+        out.push_str(&format!(" Fields: {}.", fields.join(", ")));
+    }
+    if let Some(interlocks) = details.get("interlocks").and_then(Value::as_array) {
+        let named: Vec<String> = interlocks
+            .iter()
+            .take(8)
+            .map(|i| {
+                format!(
+                    "`{}` {}",
+                    i.get("id").and_then(Value::as_str).unwrap_or("?"),
+                    i.get("state").and_then(Value::as_str).unwrap_or("unknown")
+                )
+            })
+            .collect();
+        if !named.is_empty() {
+            out.push_str(&format!(" Interlocks: {}.", named.join(", ")));
+        }
+    }
+    out
 }
 
 fn uri(device_id: &str, file: &str) -> String {
@@ -244,7 +320,8 @@ pub(super) fn resource_templates() -> Vec<ResourceTemplate> {
 pub(super) fn read_reference(kernel: &Kernel, uri: &str) -> Result<ReadResourceResult, McpError> {
     let not_found = || McpError::resource_not_found(format!("no resource `{uri}`"), None);
     let rest = uri.strip_prefix(URI_PREFIX).ok_or_else(not_found)?;
-    let (device_id, file) = rest.split_once('/').ok_or_else(not_found)?;
+    // A device id may hold `/`; the file name never does.
+    let (device_id, file) = rest.rsplit_once('/').ok_or_else(not_found)?;
     let got = kernel.device_get(device_id).map_err(|_| not_found())?;
     let contents = match file {
         REFERENCE_JSON => {
@@ -291,6 +368,46 @@ mod tests {
         );
         assert!(line.contains("`apr_1`"), "{line}");
         assert!(line.contains("a person must approve or deny"), "{line}");
+    }
+
+    #[test]
+    fn other_refusals_name_their_paths_budgets_fields_and_interlocks() {
+        let schema = refusal_line(
+            "MHS.CAPABILITY.INPUT_INVALID",
+            "input does not match",
+            &json!({"errors": [{"path": "/joints/5", "message": "\"x\" is not of type \"number\""}]}),
+            "rejected",
+        );
+        assert!(schema.contains("`/joints/5`"), "{schema}");
+        let budget = refusal_line(
+            "MHS.SAFETY.CUMULATIVE_LIMIT",
+            "budget exceeded",
+            &json!({"used": 90.0, "limit": 100.0, "requested": 20.0, "window": "rolling_1h", "limit_path": "target_temperature", "unit": "degC"}),
+            "rejected",
+        );
+        for part in [
+            "limit 100",
+            "used 90",
+            "asks 20",
+            "rolling_1h",
+            "`target_temperature`",
+        ] {
+            assert!(budget.contains(part), "{part}: {budget}");
+        }
+        let unset = refusal_line(
+            "MHS.SAFETY.LIMITS_UNSET",
+            "unset",
+            &json!({"paths": ["gain"], "reason": "operator_required"}),
+            "rejected",
+        );
+        assert!(unset.contains("Paths: gain."), "{unset}");
+        let door = refusal_line(
+            "MHS.SAFETY.INTERLOCK_OPEN",
+            "open",
+            &json!({"interlocks": [{"id": "door", "state": "open"}]}),
+            "rejected",
+        );
+        assert!(door.contains("`door` open"), "{door}");
     }
 
     #[test]

@@ -370,6 +370,25 @@ impl Gateway {
                 deadline,
             })
             .await;
+        // A stop whose path did not confirm is an error answer (`ok: false`,
+        // 502), so a client that reads `ok` never takes it for a success; the
+        // latch is set either way, and the receipt says what happened.
+        if receipt["status"] != "completed" {
+            let error = &receipt["error"];
+            let code = error["mhs_code"]
+                .as_str()
+                .and_then(Code::from_name)
+                .unwrap_or(Code::SafetySafeStateUnreached);
+            let reason = error["details"]["reason"].clone();
+            return Err(RestError::new(
+                code,
+                format!(
+                    "the e-stop latched but its stop path did not confirm: {}",
+                    error["message"].as_str().unwrap_or("not confirmed")
+                ),
+                json!({"reason": reason, "latched": true, "estop_served": true, "receipt": receipt}),
+            ));
+        }
         Ok((
             StatusCode::OK,
             json!({"tool_id": crate::tools::ESTOP_TOOL, "receipt": receipt}).into(),
@@ -419,6 +438,7 @@ impl Gateway {
             receipt: None,
             error: None,
             finished_at_ms: None,
+            running_operation: None,
         };
         let inv_id = record.invocation_id.clone();
         // The 202's body: the record as accepted (pending), whatever the
@@ -665,6 +685,13 @@ impl Gateway {
         };
         if record.principal_id != p.id {
             return Err(unknown());
+        }
+        let mut record = record;
+        if record.pending() {
+            record.running_operation = record
+                .command_id
+                .as_deref()
+                .and_then(|c| self.kernel.operation_of_command(c));
         }
         Ok(record)
     }

@@ -56,6 +56,9 @@ pub(crate) struct Record {
     pub receipt: Option<Answer>,
     pub error: Option<Value>,
     pub finished_at_ms: Option<u64>,
+    /// The operation running the command while it is pending (read live
+    /// from the kernel when the record is shown; never stored).
+    pub running_operation: Option<String>,
 }
 
 /// Which members a record is written with.
@@ -162,7 +165,8 @@ impl Record {
         if view {
             members.push(("terminal", Member::Bool(self.terminal())));
             members.push(("receipt_id", opt_str(receipt_id.as_deref())));
-            members.push(("operation_id", opt_str(operation_id.as_deref())));
+            let running = self.running_operation.as_deref();
+            members.push(("operation_id", opt_str(operation_id.as_deref().or(running))));
         }
         if let Some(l) = &links {
             members.push(("links", Member::Canonical(l)));
@@ -290,6 +294,7 @@ impl Record {
                 .map(|r| Answer::Value(r.clone())),
             error: info.get("error").filter(|e| !e.is_null()).cloned(),
             finished_at_ms: ms("finished_at_ms")?,
+            running_operation: None,
         };
         if record.pending() {
             match stored_receipt {
@@ -459,6 +464,7 @@ mod tests {
             receipt: None,
             error: None,
             finished_at_ms: None,
+            running_operation: None,
         }
     }
 

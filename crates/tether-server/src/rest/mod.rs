@@ -20,7 +20,7 @@ mod envelope;
 mod gateway;
 mod invocations;
 
-use crate::auth::{bearer, Authenticator};
+use crate::auth::Authenticator;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -73,12 +73,7 @@ fn respond(answer: Answer) -> Response {
 
 /// The principal from the bearer token; checked before any body is read.
 fn principal(s: &RestState, headers: &HeaderMap) -> Result<Principal, RestError> {
-    let token = bearer(
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    );
-    s.auth.authenticate(token).map_err(RestError::from)
+    s.auth.from_headers(headers).map_err(RestError::from)
 }
 
 async fn list_tools(State(s): State<RestState>, headers: HeaderMap, body: Body) -> Response {
