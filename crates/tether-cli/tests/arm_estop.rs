@@ -243,3 +243,28 @@ fn assert_estop_cut_the_motion_short(
     );
     after_estop(s, sid);
 }
+
+/// Without a native stop, a bound `cap.motion.estop.v1` is the stop path
+/// (OpenMHS CORE-074): the e-stop dispatches it, and a motion in flight halts.
+#[test]
+fn a_bound_estop_class_is_the_stop_path_of_a_device_without_a_native_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = include_str!("../../tether-drivers/cell/arm-1.toml")
+        .replace("native = true", "native = false");
+    assert!(manifest.contains("native = false"));
+    std::fs::write(dir.path().join("arm.toml"), manifest).expect("manifest");
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(&cfg, "devices = [\"arm.toml\"]\n").expect("config");
+    let s = Server::start_with(
+        common::Transport::Http,
+        Some(&dir.path().join("state")),
+        &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
+    );
+    let r = s.ok(
+        "mhs.safety.estop",
+        json!({"device_id": ARM, "reason": "bound stop"}),
+    );
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["output"]["estop"], "native", "{r}");
+    assert_eq!(r["safe_state_achieved"], true, "{r}");
+}

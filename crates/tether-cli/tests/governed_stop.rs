@@ -219,6 +219,47 @@ fn a_non_operator_reset_elsewhere_never_releases_a_hardware_latch() {
     );
 }
 
+/// A terminal stop keeps its latch for the life of the endpoint that ran it
+/// (OpenMHS CORE-087): a reset made by another endpoint on the same state
+/// directory releases that endpoint's latch, never this one's.
+#[test]
+fn a_terminal_latch_outlives_a_reset_made_by_another_endpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let manifest = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tether-drivers/cell/arm-1.toml"),
+    )
+    .expect("arm manifest")
+    .replace(
+        "estop = { latency_ms = 250, native = true }",
+        "estop = { latency_ms = 250, native = true, terminal = \"the servo drive needs a power cycle after a stop\" }",
+    );
+    assert!(
+        manifest.contains("terminal"),
+        "arm-1.toml changed; update the test"
+    );
+    std::fs::write(dir.path().join("arm-t.toml"), manifest).expect("write");
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(&cfg, "devices = [\"arm-t.toml\"]\n").expect("cfg");
+    let args = [std::ffi::OsStr::new("--config"), cfg.as_os_str()];
+    let first = Server::start_with(Transport::Http, Some(&state), &args);
+    let stop = first.call("mhs.safety.estop", json!({"device_id": ARM}));
+    assert_eq!(stop["result"]["output"]["latched"], true, "{stop}");
+    assert_eq!(first.status_of(ARM)["estop"]["terminated"], true);
+    // A second endpoint restores the latch and (no stop path ran there yet)
+    // may reset it.
+    let second = Server::start_with(Transport::Http, Some(&state), &args);
+    assert_eq!(second.status_of(ARM)["latched"], true);
+    let reset = second.call("mhs.safety.reset", json!({"device_id": ARM}));
+    assert_eq!(reset["result"]["status"], "completed", "{reset}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        first.status_of(ARM)["latched"],
+        true,
+        "the endpoint that ran the terminal stop keeps its latch"
+    );
+}
+
 /// A motion cut short by the process dying (SIGKILL) is never run a second
 /// time under its command id: start-up records its outcome as `unknown`.
 #[test]

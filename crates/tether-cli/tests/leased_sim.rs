@@ -144,3 +144,29 @@ fn an_estop_reaches_the_external_controller() {
     let st = sim_status(&sim);
     assert_eq!(st["moving"], false, "{st}");
 }
+
+/// `tether sim door --connect` sets the external simulator's door, which the
+/// endpoint reads as the arm's `door` interlock.
+#[test]
+fn the_door_of_an_external_simulator_is_set_through_its_address() {
+    let sim = start_sim();
+    let run = tether(&["sim", "door", "open", "--connect", sim.addr.as_str()]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(sim_status(&sim)["door"], "open");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &sim.addr);
+    let s = Server::start_with(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[std::ffi::OsStr::new("--config"), config.as_os_str()],
+    );
+    let door = || s.status_of("arm-remote")["interlocks"][0]["state"].clone();
+    poll_until("the endpoint reads the door open", TIMEOUT, || {
+        door() == "open"
+    });
+    let run = tether(&["sim", "door", "close", "--connect", sim.addr.as_str()]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    poll_until("the endpoint reads the door closed", TIMEOUT, || {
+        door() == "closed"
+    });
+}

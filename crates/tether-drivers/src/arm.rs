@@ -204,7 +204,7 @@ impl Driver for SimArm {
                     self.move_to(target, speed, &cancel).await
                 }
                 "park" => self.move_to(self.home, self.park_speed, &cancel).await,
-                "stop" => {
+                "stop" | "estop" => {
                     self.halt_epoch.fetch_add(1, Ordering::SeqCst);
                     Ok(json!({"stopped": true}))
                 }

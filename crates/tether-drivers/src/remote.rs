@@ -327,7 +327,7 @@ impl Driver for RemoteArm {
                     )
                 }
                 "park" => ([0.0; 6], self.park_speed),
-                "stop" => {
+                "stop" | "estop" => {
                     let mut m = Motion {
                         address: self.address.clone(),
                         joints: [0.0; 6],
