@@ -33,6 +33,11 @@ pub struct EndpointConfig {
     /// How long an approval stays open, seconds (default 3600).
     #[serde(default)]
     pub approval_ttl_s: Option<u64>,
+    /// Whether hardware and hybrid devices start armed (default true: armed
+    /// unless an operator disarmed them). `false`: every start begins
+    /// disarmed, and an operator arms each device (`tether arm`).
+    #[serde(default)]
+    pub hardware_armed_at_start: Option<bool>,
 }
 
 /// A `[[principals]]` table.

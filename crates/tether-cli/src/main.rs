@@ -124,6 +124,31 @@ enum Command {
         #[arg(long, default_value = "operator reset from a shell")]
         reason: String,
     },
+    /// Arm hardware actuation of a hardware or hybrid device (operator only,
+    /// token in TETHER_TOKEN).
+    Arm {
+        /// Device to arm.
+        #[arg(long)]
+        device: String,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "armed by an operator from a shell")]
+        reason: String,
+    },
+    /// Disarm hardware actuation of a hardware or hybrid device.
+    Disarm {
+        /// Device to disarm.
+        #[arg(long)]
+        device: String,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "disarmed from a shell")]
+        reason: String,
+    },
     /// Simulator controls (for people and tests, never reachable by a model).
     Sim {
         #[command(subcommand)]
@@ -279,6 +304,16 @@ fn main() -> ExitCode {
             endpoint,
             reason,
         } => reset(&device, &endpoint, &reason),
+        Command::Arm {
+            device,
+            endpoint,
+            reason,
+        } => set_armed("mhs.safety.arm", &device, &endpoint, &reason),
+        Command::Disarm {
+            device,
+            endpoint,
+            reason,
+        } => set_armed("mhs.safety.disarm", &device, &endpoint, &reason),
         Command::Sim {
             action: SimAction::Serve { listen },
         } => sim_serve(&listen),
@@ -699,6 +734,23 @@ fn reset(device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitCode>
     })
 }
 
+/// `tether arm` / `tether disarm`: one JSON-RPC call with the operator's
+/// token from the environment; exit 0 when the endpoint says it is done.
+fn set_armed(method: &str, device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitCode> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": {"device_id": device, "reason": reason}});
+    let token = std::env::var("TETHER_TOKEN").ok();
+    let answer = http_post_json(endpoint, &body.to_string(), token.as_deref())
+        .with_context(|| format!("asking {endpoint}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&answer).context("the endpoint's answer is not JSON")?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(if v.get("result").is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 /// A minimal HTTP/1.1 POST on loopback: the CLI needs no TLS stack or HTTP
 /// client crate for one request to a local endpoint.
 fn http_post_json(url: &str, body: &str, token: Option<&str>) -> anyhow::Result<String> {
@@ -804,6 +856,9 @@ fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpo
     let device_count = cell.devices.len();
     let mut kernel_config = KernelConfig::standard(&endpoint_id);
     kernel_config.policy = loaded.policy.clone();
+    if let Some(armed) = loaded.config.hardware_armed_at_start {
+        kernel_config.hardware_armed_at_start = armed;
+    }
     if let Some(ttl) = loaded.config.approval_ttl_s {
         // config::read refused any other value; kept as a guard.
         if !(1..=config::APPROVAL_TTL_S_MAX).contains(&ttl) {

@@ -69,19 +69,11 @@ fn write_config(dir: &Path, policy: &str, extra: &str) -> PathBuf {
 }
 
 fn start(dir: &Path, cfg: &Path) -> Server {
-    Server::start_with(
-        Transport::Http,
-        Some(&dir.join("state")),
-        &[OsStr::new("--config"), cfg.as_os_str()],
-    )
+    start_with_config(dir, cfg)
 }
 
 fn call(s: &Server, token: &str, method: &str, params: Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
-    let headers = format!("Authorization: Bearer {token}\r\n");
-    let r = http_post_with(s.addr(), body.as_bytes(), TIMEOUT, &headers);
-    assert_eq!(r.status, 200, "{method}: {}", r.text());
-    r.json()
+    call_with_token(s, token, method, params)
 }
 
 fn ok(s: &Server, token: &str, method: &str, params: Value) -> Value {

@@ -183,6 +183,32 @@ pub struct ResourceDecl {
     pub description: String,
     /// JSON Schema of the state; numeric leaves carry `x-mhs-unit`.
     pub state_schema: Value,
+    /// On a hybrid device: who drives this resource. `hardware` (the
+    /// default on a hybrid device) is driven by the physical side, which a
+    /// model may read but never command; `model` may be commanded by agents.
+    /// Declared only on hybrid devices.
+    #[serde(default)]
+    pub authority: Option<Authority>,
+}
+
+/// Who drives a resource of a hybrid device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Authority {
+    /// The physical controller: a model-controlled principal never commands it.
+    Hardware,
+    /// The model side of the hybrid: agents may command it.
+    Model,
+}
+
+impl Authority {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Authority::Hardware => "hardware",
+            Authority::Model => "model",
+        }
+    }
 }
 
 /// A capability binding: (capability_id, resource).

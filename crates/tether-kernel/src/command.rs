@@ -965,7 +965,7 @@ impl Kernel {
                 None => return Err(latched_refusal(dev)),
             }
         }
-        // Step 6: mode.
+        // Step 6: mode, hybrid authority, arming.
         if dev.spec.manifest.mode == Mode::Replay && !b.is_read() {
             return Err(Refusal::new(
                 Code::ModeReadOnly,
@@ -973,6 +973,8 @@ impl Kernel {
                 json!({"mode": "replay"}),
             ));
         }
+        check_authority(dev, b, &ctx.principal)?;
+        check_armed(dev, b)?;
         // Step 7: structure (configure field rules first).
         if b.catalogued && b.capability_id == catalogue::CONFIGURE {
             check_configure_fields(dev, &b.resource, &ctx.input)?;
@@ -1918,6 +1920,55 @@ fn signal_text(s: &Signal) -> String {
 fn replayed(mut r: Value) -> Value {
     r["replayed"] = json!(true);
     r
+}
+
+/// Step 6, hybrid authority: a model-controlled principal (an agent) never
+/// commands a resource the physical side of a hybrid device drives.
+fn check_authority(dev: &DeviceRt, b: &BindingSpec, p: &Principal) -> Result<(), Refusal> {
+    if dev.spec.manifest.mode != Mode::Hybrid || !Kernel::is_effectful(b) || b.is_stop() {
+        return Ok(());
+    }
+    let authority = dev
+        .spec
+        .manifest
+        .resources
+        .iter()
+        .find(|r| r.id == b.resource)
+        .and_then(|r| r.authority)
+        .unwrap_or(tether_core::manifest::Authority::Hardware);
+    if authority == tether_core::manifest::Authority::Hardware
+        && p.kind == crate::PrincipalKind::Agent
+    {
+        return Err(Refusal::new(
+            Code::SafetyEnvelopeViolation,
+            format!(
+                "resource `{}` of hybrid device `{}` is driven by its hardware side; a model may read it but not command it",
+                b.resource,
+                dev.id()
+            ),
+            json!({"authority": authority.as_str(), "resource": b.resource, "reason": "hardware_authority"}),
+        ));
+    }
+    Ok(())
+}
+
+/// Step 6, arming: hardware actuation needs an armed device. Stops are
+/// never refused for it (a stop makes things safer).
+fn check_armed(dev: &DeviceRt, b: &BindingSpec) -> Result<(), Refusal> {
+    if !dev.spec.manifest.mode.is_physical() || !Kernel::is_effectful(b) || b.is_stop() {
+        return Ok(());
+    }
+    if dev.armed.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        Code::AuthHardwareDisabled,
+        format!(
+            "device `{}` is not armed; an operator arms it (mhs.safety.arm, tether arm)",
+            dev.id()
+        ),
+        json!({"reason": "not_armed", "device_id": dev.id()}),
+    ))
 }
 
 /// CORE-061: a deadline that passed during the checks is

@@ -21,6 +21,8 @@ pub const METHODS: &[&str] = &[
     "mhs.operations.cancel",
     "mhs.safety.estop",
     "mhs.safety.reset",
+    "mhs.safety.arm",
+    "mhs.safety.disarm",
     "mhs.safety.grant_safe_place",
     "mhs.safety.permit",
     "mhs.safety.status",

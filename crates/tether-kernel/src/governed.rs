@@ -73,6 +73,32 @@ pub fn newest_event(rows: &[LatchRow], device_id: &str) -> Option<LatchEvent> {
         .max_by_key(|e| (e.at_ms, e.latched))
 }
 
+/// The key of a device's arming row. Arming is kept beside the latch, in the
+/// same table, under a key no device id can take (`#` is not allowed in one),
+/// so every process on the state directory sees it and a restart keeps it.
+pub fn arming_key(device_id: &str) -> String {
+    format!("#arming/{device_id}")
+}
+
+/// Whether the store says the device is armed, and since when (`None`: no
+/// row, never set).
+pub fn arming_of(rows: &[LatchRow], device_id: &str) -> Option<(bool, u64)> {
+    let key = arming_key(device_id);
+    rows.iter().find(|r| r.device_id == key).map(|r| {
+        let at = r.info.get("at_ms").and_then(Value::as_u64).unwrap_or(0);
+        (r.latched, at)
+    })
+}
+
+/// The arming row of a device: `armed`, who set it, when and why.
+pub fn arming_row(device_id: &str, armed: bool, info: Value) -> LatchRow {
+    LatchRow {
+        device_id: arming_key(device_id),
+        latched: armed,
+        info,
+    }
+}
+
 /// A latch row for a trip at `since_ms`.
 pub fn trip_row(device_id: &str, since_ms: u64, reason: &str, source: &str) -> LatchRow {
     LatchRow {
@@ -228,6 +254,18 @@ impl Kernel {
 
     /// Applies store rows newer than what this process knows.
     fn apply_latch_rows(&self, rows: &[LatchRow], runtime: &tokio::runtime::Handle) {
+        for dev in &self.inner.devices {
+            // Arming set by another process (or `tether disarm` against it):
+            // a disarm applies at once; an arm too, since only an operator
+            // could have written it.
+            if let Some((armed, at_ms)) = arming_of(rows, dev.id()) {
+                let newer = at_ms > dev.arming_ms.load(Ordering::SeqCst);
+                if newer && dev.spec.manifest.mode.is_physical() {
+                    dev.arming_ms.store(at_ms, Ordering::SeqCst);
+                    dev.armed.store(armed, Ordering::SeqCst);
+                }
+            }
+        }
         for (d, dev) in self.inner.devices.iter().enumerate() {
             let Some(ev) = newest_event(rows, dev.id()) else {
                 continue;

@@ -35,6 +35,11 @@ pub struct KernelConfig {
     pub approval_ttl_ms: u64,
     /// The ControlPolicy as (name, Cedar text); `None` serves the built-in default.
     pub policy: Option<(String, String)>,
+    /// Whether hardware and hybrid devices start armed. `true` (the
+    /// standard): armed unless an operator disarmed them (durably, so a
+    /// restart keeps a disarm). `false`: every start begins disarmed and an
+    /// operator arms each device (`mhs.safety.arm`).
+    pub hardware_armed_at_start: bool,
 }
 
 impl KernelConfig {
@@ -48,6 +53,7 @@ impl KernelConfig {
             default_deadline_ms: 300_000,
             approval_ttl_ms: 3_600_000,
             policy: None,
+            hardware_armed_at_start: true,
         }
     }
 }
@@ -156,6 +162,12 @@ pub(crate) struct DeviceRt {
     /// Time of the newest latch or reset this process has applied (its own or
     /// one observed in the shared store); older store rows are ignored.
     pub latch_event_ms: AtomicU64,
+    /// Whether hardware actuation is armed (step 6; always true for a
+    /// simulated or replay device, whose calls move nothing physical).
+    pub armed: AtomicBool,
+    /// Time of the newest arming change this process applied; older rows
+    /// in the store are ignored (a start that begins disarmed counts as one).
+    pub arming_ms: AtomicU64,
     /// Counts every e-stop engaged on this device here (a trip while already
     /// latched included): a reset that sees it move keeps the latch.
     pub estop_epoch: AtomicU64,
@@ -365,6 +377,15 @@ impl Kernel {
                 _ => LatchInfo::default(),
             };
             let latched_at_start = newest.as_ref().is_some_and(|ev| ev.latched);
+            let stored_arming = crate::governed::arming_of(&latches, &id);
+            let (armed_at_start, arming_ms) = if !spec.manifest.mode.is_physical() {
+                (true, 0)
+            } else if config.hardware_armed_at_start {
+                stored_arming.unwrap_or((true, 0))
+            } else {
+                // Disarmed at every start: only a later arm counts.
+                (false, now_ms())
+            };
             let event_ms = newest.as_ref().map_or(0, |ev| ev.at_ms);
             index.insert(id.clone(), devices.len());
             devices.push(DeviceRt {
@@ -374,6 +395,8 @@ impl Kernel {
                 latched: AtomicBool::new(latched_at_start),
                 latch: Mutex::new(latch),
                 latch_event_ms: AtomicU64::new(event_ms),
+                armed: AtomicBool::new(armed_at_start),
+                arming_ms: AtomicU64::new(arming_ms),
                 estop_epoch: AtomicU64::new(0),
                 stops_in_flight: std::sync::atomic::AtomicUsize::new(0),
                 stop_confirmed: AtomicBool::new(false),

@@ -177,6 +177,17 @@ pub struct EstopRequest {
     pub deadline: Option<std::time::Duration>,
 }
 
+/// `mhs.safety.arm` and `mhs.safety.disarm`.
+#[derive(Debug, Clone)]
+pub struct ArmRequest {
+    /// Device (hardware or hybrid).
+    pub device_id: String,
+    /// Arm (`true`, operators only) or disarm (`false`, anyone).
+    pub armed: bool,
+    /// Why.
+    pub reason: String,
+}
+
 /// `mhs.safety.reset`.
 #[derive(Debug, Clone)]
 pub struct ResetRequest {

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use tether_core::catalogue::{self, Flags, Verb};
-use tether_core::manifest::{self, Concurrency, DeviceManifest, RiskClass};
+use tether_core::manifest::{self, Concurrency, DeviceManifest, Mode, RiskClass};
 use tether_limits::{EffectiveLimits, SourceKind, SourceRules};
 
 /// A manifest's text and where it came from.
@@ -365,6 +365,12 @@ fn resolve_device(
             ctx.defect(
                 format!("resources[{i}].state_schema"),
                 "a state schema must be a JSON Schema object with \"type\": \"object\"",
+            );
+        }
+        if r.authority.is_some() && manifest.mode != Mode::Hybrid {
+            ctx.defect(
+                format!("resources[{i}].authority"),
+                "authority is declared only on a hybrid device (it says which side drives the resource)",
             );
         }
     }

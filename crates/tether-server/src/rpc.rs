@@ -543,6 +543,14 @@ struct OperationParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ArmParams {
+    device_id: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ResetParams {
     device_id: String,
     #[serde(default)]
@@ -858,6 +866,19 @@ async fn dispatch_value(
                 q.resource.as_deref(),
                 &q.input.unwrap_or_else(|| json!({})),
             )
+        }
+        "mhs.safety.arm" | "mhs.safety.disarm" => {
+            let q: ArmParams = parse(params)?;
+            kernel
+                .set_armed(
+                    p,
+                    tether_kernel::ArmRequest {
+                        device_id: q.device_id,
+                        armed: method == "mhs.safety.arm",
+                        reason: q.reason.unwrap_or_default(),
+                    },
+                )
+                .await
         }
         "mhs.safety.status" => {
             let q: StatusParams = parse(params)?;

@@ -356,6 +356,26 @@ pub fn http_post(addr: SocketAddr, body: &[u8], timeout: Duration) -> HttpRespon
     http_post_with(addr, body, timeout, "")
 }
 
+/// `tether serve --config CFG --http` on the state directory `DIR/state`.
+pub fn start_with_config(dir: &Path, cfg: &Path) -> Server {
+    Server::start_with(
+        Transport::Http,
+        Some(&dir.join("state")),
+        &[OsStr::new("--config"), cfg.as_os_str()],
+    )
+}
+
+/// One JSON-RPC call on `/rpc` with a bearer token; the whole answer (the
+/// HTTP status must be 200).
+pub fn call_with_token(s: &Server, token: &str, method: &str, params: Value) -> Value {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        .to_string();
+    let headers = format!("Authorization: Bearer {token}\r\n");
+    let r = http_post_with(s.addr(), body.as_bytes(), TIMEOUT, &headers);
+    assert_eq!(r.status, 200, "{method}: {}", r.text());
+    r.json()
+}
+
 /// `http_post` with extra header lines (each ending in `\r\n`).
 pub fn http_post_with(
     addr: SocketAddr,
