@@ -432,3 +432,31 @@ fn a_duplicate_key_can_neither_narrow_nor_cancel_an_estop() {
         }
     }
 }
+
+/// A request too large to read that names the e-stop method is still an
+/// e-stop: every device is stopped (its params were never read) and the
+/// TOO_LARGE error says the stop was served.
+fn an_oversized_estop_still_latches(s: Server) {
+    let mut big = br#"{"jsonrpc":"2.0","id":98,"method":"mhs.safety.estop","params":{"device_id":"relay-1","reason":""#.to_vec();
+    big.extend(std::iter::repeat_n(b'a', 2 << 20));
+    big.extend_from_slice(br#""}}"#);
+    let (status, answer) = s.raw(&big, &Value::Null);
+    if s.transport() == Transport::Http {
+        assert_eq!(status, 413, "{answer}");
+    }
+    let details = assert_rpc_error(&answer["error"], "MHS.PROTOCOL.TOO_LARGE");
+    assert_eq!(details["estop_served"], true, "{answer}");
+    for d in ["thermostat-1", "arm-1", "relay-1"] {
+        assert_eq!(s.status_of(d)["latched"], true, "{d}");
+    }
+}
+
+#[test]
+fn an_oversized_estop_still_latches_over_http() {
+    an_oversized_estop_still_latches(Server::http());
+}
+
+#[test]
+fn an_oversized_estop_still_latches_over_stdio() {
+    an_oversized_estop_still_latches(Server::stdio());
+}

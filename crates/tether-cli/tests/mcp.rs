@@ -874,3 +874,53 @@ fn http_transport_refusals_are_json_rpc_errors() {
         );
     }
 }
+
+/// A `tools/call` of `estop` too large to read.
+fn oversized_estop_call(id: u64) -> Vec<u8> {
+    let mut big = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"estop","arguments":{{"device_id":"relay-1","reason":""#
+    )
+    .into_bytes();
+    big.extend(std::iter::repeat_n(b'a', 2 << 20));
+    big.extend_from_slice(br#""}}}"#);
+    big
+}
+
+/// An e-stop call too large to read still stops, every device (its
+/// arguments were never read), and the TOO_LARGE error says so; over stdio
+/// and over HTTP (413).
+#[test]
+fn an_oversized_estop_call_still_stops_every_device() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = oversized_estop_call(9);
+    let answers = raw_stdio_in(
+        dir.path(),
+        &[
+            INITIALIZE,
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            &big,
+        ],
+    );
+    // Its id was never read: the answer's id is null.
+    let a = answer_for(&answers, &Value::Null);
+    assert_estop_served(a, -32600);
+    assert_eq!(
+        a["error"]["data"]["mhs_code"], "MHS.PROTOCOL.TOO_LARGE",
+        "{a}"
+    );
+    assert_eq!(
+        defect_stopped_devices(dir.path()),
+        ["arm-1", "relay-1", "thermostat-1"]
+    );
+
+    let s = McpHttp::start();
+    let auth = format!("Authorization: Bearer {AGENT_TOKEN}\r\n");
+    let (status, text) = post_mcp(s.addr, &oversized_estop_call(10), &auth);
+    assert_eq!(status, 413, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_estop_served(&answer, -32600);
+    assert_eq!(
+        defect_stopped_devices(&s.state_dir),
+        ["arm-1", "relay-1", "thermostat-1"]
+    );
+}

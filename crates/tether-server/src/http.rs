@@ -7,7 +7,7 @@
 use crate::auth::Authenticator;
 use crate::json_response;
 use crate::rpc::{error_response, handle_text};
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
@@ -55,16 +55,20 @@ async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> R
             return response;
         }
     };
-    let bytes = match to_bytes(body, crate::REQUEST_BYTES_MAX).await {
-        Ok(b) => b,
-        Err(_) => {
+    let bytes = match crate::read_body(body, crate::REQUEST_BYTES_MAX).await {
+        crate::BodyBytes::Whole(b) => b,
+        crate::BodyBytes::TooLarge(prefix) => {
+            let reply = crate::rpc::too_large(&state.kernel, &principal, &prefix, None).await;
+            return crate::bytes_response(StatusCode::PAYLOAD_TOO_LARGE, reply.to_bytes());
+        }
+        crate::BodyBytes::Broken => {
             let e = error_response(
                 Value::Null,
-                Code::ProtocolTooLarge,
-                "request too large",
-                json!({"limit_bytes": crate::REQUEST_BYTES_MAX}),
+                Code::ProtocolParseError,
+                "the request body could not be read",
+                json!({"reason": "body_unreadable"}),
             );
-            return json_response(StatusCode::PAYLOAD_TOO_LARGE, &e);
+            return json_response(StatusCode::BAD_REQUEST, &e);
         }
     };
     match handle_text(&state.kernel, &principal, &bytes).await {

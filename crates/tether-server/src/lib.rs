@@ -71,6 +71,41 @@ pub(crate) fn bytes_response(
 /// Largest request accepted by any surface, bytes.
 pub const REQUEST_BYTES_MAX: usize = 1 << 20;
 
+/// A request body read with a size bound.
+pub(crate) enum BodyBytes {
+    /// The whole body, within the bound.
+    Whole(Vec<u8>),
+    /// Longer than the bound: its first `limit` bytes (the rest is not
+    /// read), kept so an e-stop in it can still be recognised.
+    TooLarge(Vec<u8>),
+    /// The body could not be read (the client went away).
+    Broken,
+}
+
+/// Reads `body` up to `limit` bytes. A longer body is cut there: only its
+/// first `limit` bytes are held, never the whole.
+pub(crate) async fn read_body(mut body: axum::body::Body, limit: usize) -> BodyBytes {
+    use http_body::Body as _;
+    let mut buf = Vec::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await;
+        let data = match frame {
+            None => return BodyBytes::Whole(buf),
+            Some(Err(_)) => return BodyBytes::Broken,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue, // trailers carry no body bytes
+            },
+        };
+        let room = limit - buf.len();
+        if data.len() > room {
+            buf.extend_from_slice(&data[..room]);
+            return BodyBytes::TooLarge(buf);
+        }
+        buf.extend_from_slice(&data);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::json_bytes;

@@ -89,6 +89,35 @@ impl Reply {
     }
 }
 
+/// The answer to a request longer than [`crate::REQUEST_BYTES_MAX`], of
+/// which `prefix` is the start: `MHS.PROTOCOL.TOO_LARGE`. A request that
+/// reads as an e-stop is still one: every device is stopped (which one it
+/// meant was never read) and the error says the stop was served.
+pub async fn too_large(
+    kernel: &Kernel,
+    principal: &Principal,
+    prefix: &[u8],
+    size: Option<usize>,
+) -> Reply {
+    let mut details = json!({"limit_bytes": crate::REQUEST_BYTES_MAX});
+    if let Some(n) = size {
+        details["size_bytes"] = json!(n);
+    }
+    if names_estop_loosely(&String::from_utf8_lossy(prefix)) {
+        let mut every = serde_json::Map::new();
+        every.insert("params".into(), json!({}));
+        let receipt = serve_malformed_estop(kernel, principal, &every, "request too large").await;
+        details["estop_served"] = json!(true);
+        details["receipt"] = receipt;
+    }
+    Reply::error(
+        Value::Null,
+        Code::ProtocolTooLarge,
+        "request too large",
+        details,
+    )
+}
+
 /// Handles one request text; `None` means no answer (an e-stop notification).
 pub async fn handle_text(kernel: &Kernel, principal: &Principal, text: &[u8]) -> Option<Reply> {
     if text.len() > crate::REQUEST_BYTES_MAX {
@@ -161,7 +190,7 @@ fn lenient_parse(text: &str) -> Option<Value> {
 /// class. A textual look, bounded by the (≤ 1 MiB) text; a false positive
 /// stops devices, which for a request that mentions the e-stop is the safe
 /// mistake.
-fn names_estop_loosely(text: &str) -> bool {
+pub(crate) fn names_estop_loosely(text: &str) -> bool {
     let method_is = |wanted: &str| {
         text.match_indices("\"method\"").any(|(at, key)| {
             let rest = text[at + key.len()..].trim_start();

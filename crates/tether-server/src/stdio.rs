@@ -5,9 +5,7 @@
 //! task and answers are written as they complete, so an e-stop is answered
 //! while a long motion is still running.
 
-use crate::rpc::{error_response, handle_text, Reply};
-use serde_json::{json, Value};
-use tether_core::Code;
+use crate::rpc::{handle_text, Reply};
 use tether_kernel::{Kernel, Principal};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
@@ -18,47 +16,51 @@ const OUTBOX_DEPTH_MAX: usize = 1024;
 /// One line read by [`read_line_bounded`].
 pub(crate) enum Line {
     Text(Vec<u8>),
-    TooLong(usize),
+    /// A line longer than the bound: its size and its first `limit` bytes
+    /// (so an e-stop in it can still be recognised; the rest is skipped).
+    TooLong {
+        size: usize,
+        prefix: Vec<u8>,
+    },
     Eof,
 }
 
-/// Reads one line of at most `limit` bytes; a longer one is skipped whole
-/// and reported with its size (never buffered).
+/// Reads one line of at most `limit` bytes; of a longer one only the first
+/// `limit` bytes are kept, the rest is skipped, and its size reported.
 pub(crate) async fn read_line_bounded<R: AsyncRead + Unpin>(
     r: &mut BufReader<R>,
     limit: usize,
 ) -> std::io::Result<Line> {
     let mut buf = Vec::new();
-    let mut overflow = 0usize;
+    let mut size = 0usize;
     loop {
         let chunk = r.fill_buf().await?;
         if chunk.is_empty() {
-            return Ok(if buf.is_empty() && overflow == 0 {
+            return Ok(if size == 0 {
                 Line::Eof
-            } else if overflow > 0 {
-                Line::TooLong(overflow)
             } else {
-                Line::Text(buf)
+                ended(buf, size, limit)
             });
         }
         let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
             Some(i) => (i, true),
             None => (chunk.len(), false),
         };
-        if overflow == 0 && buf.len() + take <= limit {
-            buf.extend_from_slice(&chunk[..take]);
-        } else {
-            overflow += buf.len() + take;
-            buf.clear();
-        }
+        let room = limit.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        size = size.saturating_add(take);
         r.consume(take + usize::from(done));
         if done {
-            return Ok(if overflow > 0 {
-                Line::TooLong(overflow)
-            } else {
-                Line::Text(buf)
-            });
+            return Ok(ended(buf, size, limit));
         }
+    }
+}
+
+fn ended(buf: Vec<u8>, size: usize, limit: usize) -> Line {
+    if size > limit {
+        Line::TooLong { size, prefix: buf }
+    } else {
+        Line::Text(buf)
     }
 }
 
@@ -92,14 +94,9 @@ where
     loop {
         match read_line_bounded(&mut reader, crate::REQUEST_BYTES_MAX).await? {
             Line::Eof => break,
-            Line::TooLong(n) => {
-                let e = error_response(
-                    Value::Null,
-                    Code::ProtocolTooLarge,
-                    "request too large",
-                    json!({"limit_bytes": crate::REQUEST_BYTES_MAX, "size_bytes": n}),
-                );
-                if tx.send(Reply::Value(e)).await.is_err() {
+            Line::TooLong { size, prefix } => {
+                let e = crate::rpc::too_large(&kernel, &principal, &prefix, Some(size)).await;
+                if tx.send(e).await.is_err() {
                     break;
                 }
             }

@@ -334,8 +334,13 @@ async fn defective_estop(
     principal: &Principal,
     estop: DefectiveEstop,
 ) -> Response {
+    let status = if estop.code == Code::ProtocolTooLarge {
+        StatusCode::PAYLOAD_TOO_LARGE
+    } else {
+        StatusCode::BAD_REQUEST
+    };
     match estop.serve(kernel, Some(principal.clone())).await {
-        Some(body) => json_error(StatusCode::BAD_REQUEST, &body),
+        Some(body) => json_error(status, &body),
         None => StatusCode::ACCEPTED.into_response(),
     }
 }
@@ -349,14 +354,42 @@ async fn checked_body(
     request: Request,
 ) -> Result<(Request, Option<EstopWatch>), Response> {
     let (parts, body) = request.into_parts();
-    let Ok(bytes) = to_bytes(body, crate::REQUEST_BYTES_MAX).await else {
-        let body = error_response(
-            Value::Null,
-            Code::ProtocolTooLarge,
-            "request too large",
-            json!({"limit_bytes": crate::REQUEST_BYTES_MAX}),
-        );
-        return Err(json_error(StatusCode::PAYLOAD_TOO_LARGE, &body));
+    let bytes = match crate::read_body(body, crate::REQUEST_BYTES_MAX).await {
+        crate::BodyBytes::Whole(bytes) => bytes,
+        crate::BodyBytes::TooLarge(prefix) => {
+            // A call of the `estop` tool is served even when too large to
+            // read: every device (its arguments were never read).
+            let message = format!(
+                "request too large (the limit is {} bytes)",
+                crate::REQUEST_BYTES_MAX
+            );
+            if let Some(estop) = screen::unparsable(&String::from_utf8_lossy(&prefix), &message) {
+                let estop = DefectiveEstop {
+                    code: Code::ProtocolTooLarge,
+                    reason: "too_large",
+                    message: message.clone(),
+                    arguments: None,
+                    ..estop
+                };
+                return Err(defective_estop(kernel, principal, estop).await);
+            }
+            let body = error_response(
+                Value::Null,
+                Code::ProtocolTooLarge,
+                "request too large",
+                json!({"limit_bytes": crate::REQUEST_BYTES_MAX}),
+            );
+            return Err(json_error(StatusCode::PAYLOAD_TOO_LARGE, &body));
+        }
+        crate::BodyBytes::Broken => {
+            let body = error_response(
+                Value::Null,
+                Code::ProtocolParseError,
+                "the request body could not be read",
+                json!({"reason": "body_unreadable"}),
+            );
+            return Err(json_error(StatusCode::BAD_REQUEST, &body));
+        }
     };
     let text = std::str::from_utf8(&bytes).map_err(|_| "the body is not UTF-8".to_owned());
     let value = match text.and_then(parse_strict) {

@@ -165,41 +165,37 @@ where
         let mut reader = BufReader::new(reader);
         let mut lifecycle = Lifecycle::Unselected;
         loop {
-            let answer = match read_line_bounded(&mut reader, crate::REQUEST_BYTES_MAX).await {
+            let decoded = match read_line_bounded(&mut reader, crate::REQUEST_BYTES_MAX).await {
                 Ok(Line::Eof) | Err(_) => break,
-                Ok(Line::TooLong(n)) => Some(error_response(
-                    Value::Null,
-                    Code::ProtocolTooLarge,
-                    "request too large",
-                    json!({"limit_bytes": crate::REQUEST_BYTES_MAX, "size_bytes": n}),
-                )),
-                Ok(Line::Text(bytes)) if bytes.iter().all(u8::is_ascii_whitespace) => None,
-                Ok(Line::Text(bytes)) => match decode(&bytes, &mut lifecycle) {
-                    Decoded::Forward(message) => {
-                        if tx.send(*message).await.is_err() {
-                            break;
+                Ok(Line::TooLong { size, prefix }) => too_long(&prefix, size),
+                Ok(Line::Text(bytes)) if bytes.iter().all(u8::is_ascii_whitespace) => continue,
+                Ok(Line::Text(bytes)) => decode(&bytes, &mut lifecycle),
+            };
+            let answer = match decoded {
+                Decoded::Forward(message) => {
+                    if tx.send(*message).await.is_err() {
+                        break;
+                    }
+                    None
+                }
+                Decoded::Nothing => None,
+                Decoded::Answer(answer) => Some(answer),
+                Decoded::Estop(estop) => {
+                    // Served on its own task: the stop path takes up to
+                    // a device's stop budget, and the next line (another
+                    // stop, a cancel) must not wait behind it. Tracked
+                    // with the connection's calls, so an exit waits for
+                    // the stop and its answer.
+                    let kernel = server.kernel.clone();
+                    let principal = server.conn.principal.clone();
+                    let writer = Arc::clone(&writer);
+                    server.conn.inflight.spawn(async move {
+                        if let Some(answer) = estop.serve(&kernel, principal).await {
+                            let _ = write_line(&writer, answer.to_string().into_bytes()).await;
                         }
-                        None
-                    }
-                    Decoded::Nothing => None,
-                    Decoded::Answer(answer) => Some(answer),
-                    Decoded::Estop(estop) => {
-                        // Served on its own task: the stop path takes up to
-                        // a device's stop budget, and the next line (another
-                        // stop, a cancel) must not wait behind it. Tracked
-                        // with the connection's calls, so an exit waits for
-                        // the stop and its answer.
-                        let kernel = server.kernel.clone();
-                        let principal = server.conn.principal.clone();
-                        let writer = Arc::clone(&writer);
-                        server.conn.inflight.spawn(async move {
-                            if let Some(answer) = estop.serve(&kernel, principal).await {
-                                let _ = write_line(&writer, answer.to_string().into_bytes()).await;
-                            }
-                        });
-                        None
-                    }
-                },
+                    });
+                    None
+                }
             };
             if let Some(answer) = answer {
                 if write_line(&writer, answer.to_string().into_bytes())
@@ -213,6 +209,32 @@ where
         closed.cancel();
     });
     rx
+}
+
+/// A line longer than the bound, of which `prefix` is the start: the
+/// protocol error, or — when it reads as a call of the `estop` tool — an
+/// e-stop of every device answered with that error.
+fn too_long(prefix: &[u8], size: usize) -> Decoded {
+    let message = format!(
+        "request too large ({size} bytes; the limit is {})",
+        crate::REQUEST_BYTES_MAX
+    );
+    match screen::unparsable(&String::from_utf8_lossy(prefix), &message) {
+        Some(estop) => Decoded::Estop(screen::DefectiveEstop {
+            code: Code::ProtocolTooLarge,
+            reason: "too_large",
+            message: message.clone(),
+            // Its arguments were never read: every device is stopped.
+            arguments: None,
+            ..estop
+        }),
+        None => Decoded::Answer(error_response(
+            Value::Null,
+            Code::ProtocolTooLarge,
+            "request too large",
+            json!({"limit_bytes": crate::REQUEST_BYTES_MAX, "size_bytes": size}),
+        )),
+    }
 }
 
 /// One line: a message for the SDK, nothing, the JSON-RPC error to answer,
