@@ -268,3 +268,33 @@ fn a_bound_estop_class_is_the_stop_path_of_a_device_without_a_native_stop() {
     assert_eq!(r["output"]["estop"], "native", "{r}");
     assert_eq!(r["safe_state_achieved"], true, "{r}");
 }
+
+/// A time-bounded binding runs no longer than its `max_duration_ms`,
+/// whatever deadline the caller gave: the motion is cancelled and says why.
+#[test]
+fn a_motion_runs_no_longer_than_its_bindings_max_duration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = include_str!("../../tether-drivers/cell/arm-1.toml")
+        .replace("max_duration_ms = 120000", "max_duration_ms = 300");
+    assert!(manifest.contains("max_duration_ms = 300"));
+    std::fs::write(dir.path().join("arm.toml"), manifest).expect("manifest");
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(&cfg, "devices = [\"arm.toml\"]\n").expect("config");
+    let s = Server::start_with(
+        common::Transport::Http,
+        Some(&dir.path().join("state")),
+        &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
+    );
+    let sid = s.session();
+    let t0 = Instant::now();
+    // 1 rad at 0.1 rad/s would take 10 s.
+    let r = s.command(move_to(&sid, json!([1.0, 0, 0, 0, 0, 0]), json!(0.1)));
+    let took = t0.elapsed();
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["error"]["mhs_code"], "MHS.OUTCOME.TIMEOUT", "{r}");
+    assert_eq!(
+        r["error"]["details"]["reason"], "max_duration_exceeded",
+        "{r}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}

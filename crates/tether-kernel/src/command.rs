@@ -1308,6 +1308,11 @@ impl Kernel {
                     .await);
             }
         }
+        // A time-bounded binding (`max_duration_ms`) runs no longer than that,
+        // whatever deadline the caller gave.
+        let cap = b.max_duration_ms.map(Duration::from_millis);
+        let run_deadline = cap.map_or(ctx.deadline, |d| ctx.deadline.min(Instant::now() + d));
+        let capped = run_deadline < ctx.deadline;
         let auth = Authorized::mint(
             dev.id(),
             &b.capability_id,
@@ -1320,7 +1325,7 @@ impl Kernel {
             } else {
                 CallKind::Effect
             },
-            Some(ctx.deadline),
+            Some(run_deadline),
         );
         if b.is_stop() {
             // A stop cancels the running operations of its device first.
@@ -1331,13 +1336,23 @@ impl Kernel {
             self.spend_approval(id, &ctx.command_id).await;
         }
         let result = self
-            .run_driver(dev, b, auth, cancel, &op_id, ctx.deadline)
+            .run_driver(dev, b, auth, cancel, &op_id, run_deadline)
             .await;
         // A configure command's output is built by the kernel ({applied, revision}),
         // so the driver's own answer is not held to the class output schema.
         let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
         let (_, rt) = dev.binding(ctx.binding);
-        let (status, output, error) = classify(result, (!is_configure).then_some(&rt.output));
+        let (status, output, mut error) = classify(result, (!is_configure).then_some(&rt.output));
+        if let Some(e) = error
+            .as_mut()
+            .filter(|e| capped && e.code == Code::OutcomeTimeout)
+        {
+            // The binding's own bound ended it, not the caller's deadline.
+            e.message =
+                "the operation ran for the binding's max_duration_ms and was cancelled".into();
+            e.details["reason"] = json!("max_duration_exceeded");
+            e.details["max_duration_ms"] = json!(b.max_duration_ms);
+        }
         let after = if status != Status::Rejected && !b.is_read() {
             dev.revisions
                 .get(&b.resource)
