@@ -445,7 +445,12 @@ impl Kernel {
             INTERNAL_RESET,
             None,
             Status::Completed,
-            Some(json!({"latched": false, "resumed": false})),
+            // A device whose stop leaves it disabled names the command that
+            // re-enables it: the reset itself never runs it (CORE-086).
+            Some(match &dev.spec.manifest.safety.estop.reenable {
+                Some(cap) => json!({"latched": false, "resumed": false, "reenable": cap}),
+                None => json!({"latched": false, "resumed": false}),
+            }),
             None,
         );
         Ok(receipt.into_json())

@@ -344,3 +344,27 @@ async fn a_safe_state_action_gated_by_an_open_interlock_is_not_run_and_the_stop_
         vec!["hold".to_owned()]
     );
 }
+
+#[tokio::test]
+async fn a_completed_reset_names_the_reenable_and_never_runs_it() {
+    let text = manifest("simulated", true, "").replace(
+        "estop = { latency_ms = 300, native = true }",
+        "estop = { latency_ms = 300, native = true, reenable = \"x-cap.test.press.v1\" }",
+    );
+    assert!(text.contains("reenable"), "{text}");
+    let (k, driver) = kernel(&text);
+    k.estop(estop()).await;
+    let r = k.reset(&operator(), reset()).await.expect("reset");
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["output"]["reenable"], "x-cap.test.press.v1", "{r}");
+    assert_eq!(r["output"]["resumed"], false, "{r}");
+    assert!(
+        !driver
+            .calls
+            .lock()
+            .expect("calls")
+            .iter()
+            .any(|c| c == "press"),
+        "the reset ran the re-enable"
+    );
+}
