@@ -1164,3 +1164,110 @@ fn a_resume_is_held_again_when_the_policy_now_asks_for_a_larger_quorum() {
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["policy"]["quorum"], 2, "{done}");
 }
+
+/// A relay bank whose switch is a two-person extension.
+fn two_person_relay() -> String {
+    include_str!("../../tether-drivers/cell/relay-1.toml")
+        .replace("device_id = \"relay-1\"", "device_id = \"relay-2p\"")
+        .replace(
+            "capability_id = \"cap.io.relay.v1\"",
+            "capability_id = \"x-cap.acme.switch.v1\"\nflags = { two_person = true }\noutput_schema = { type = \"object\" }",
+        )
+        .replace(
+            "input_schema = { properties = { channel = { maximum = 3 } } }",
+            "input_schema = { type = \"object\", additionalProperties = false, required = [\"channel\", \"on\"], properties = { channel = { type = \"integer\" }, on = { type = \"boolean\" } } }",
+        )
+}
+
+/// A binding flagged `two_person` runs only on the approval of two distinct
+/// operators, even where the policy allows it outright (a simulated device),
+/// and `mhs.safety.permit` never stands in for them.
+#[test]
+fn a_two_person_operation_needs_two_operators_whatever_the_policy_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("relay-2p.toml"), two_person_relay()).expect("manifest");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "devices = [\"relay-2p.toml\"]");
+    let s = start(dir.path(), &cfg);
+    let sid = session(&s, AGENT);
+    let cmd = json!({"session_id": sid, "device_id": "relay-2p", "capability_id": "x-cap.acme.switch.v1", "input": {"channel": 1, "on": true}, "command_id": "two-person-1"});
+    let mut ask = cmd.clone();
+    ask.as_object_mut().expect("object").remove("command_id");
+    let permit = err(&s, AGENT, "mhs.safety.permit", ask);
+    assert_eq!(
+        permit["data"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
+        "{permit}"
+    );
+    let first = ok(&s, AGENT, "mhs.command", cmd.clone());
+    let d = assert_rejected(&first, "MHS.SAFETY.APPROVAL_REQUIRED");
+    assert_eq!(d["quorum"], 2, "{first}");
+    let approval = d["approval_id"].as_str().expect("approval").to_owned();
+    assert_eq!(
+        decide(&s, ALICE, &approval, "approve")["result"]["status"],
+        "pending"
+    );
+    let still = ok(&s, AGENT, "mhs.command", cmd.clone());
+    assert_rejected(&still, "MHS.SAFETY.APPROVAL_REQUIRED");
+    assert_eq!(
+        decide(&s, BOB, &approval, "approve")["result"]["status"],
+        "approved"
+    );
+    let done = ok(&s, AGENT, "mhs.command", cmd);
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
+/// The built-in arm as a hardware device `arm-hw` (no simulation fidelity).
+fn hardware_arm() -> String {
+    let mut in_fidelity = false;
+    include_str!("../../tether-drivers/cell/arm-1.toml")
+        .replace("device_id = \"arm-1\"", "device_id = \"arm-hw\"")
+        .replace("mode = \"simulated\"", "mode = \"hardware\"")
+        .lines()
+        .filter(|l| {
+            if l.trim() == "[fidelity]" {
+                in_fidelity = true;
+            } else if l.trim().is_empty() {
+                in_fidelity = false;
+            }
+            !in_fidelity
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// On a latched hardware arm, the operator's safe-place grant is her
+/// decision on that exact park: it runs without a second operator, under
+/// the default policy that holds hardware R2 actions.
+#[test]
+fn a_safe_place_grant_is_the_operators_decision_under_the_default_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("arm-hw.toml"), hardware_arm()).expect("manifest");
+    std::fs::write(
+        dir.path().join("policy.cedar"),
+        include_str!("../../tether-policy/default.cedar"),
+    )
+    .expect("policy");
+    let mut text = String::from("devices = [\"arm-hw.toml\"]\npolicy = \"policy.cedar\"\n");
+    text.push_str(&principal("alice", "human", "\"operator\"", ALICE));
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(&cfg, text).expect("config");
+    let s = start(dir.path(), &cfg);
+    let stop = call(
+        &s,
+        ALICE,
+        "mhs.safety.estop",
+        json!({"device_id": "arm-hw"}),
+    );
+    assert_eq!(stop["result"]["output"]["latched"], true, "{stop}");
+    let park = json!({"device_id": "arm-hw", "capability_id": "cap.motion.park.v1", "input": {}});
+    let grant = ok(&s, ALICE, "mhs.safety.grant_safe_place", park.clone());
+    let sid = session(&s, ALICE);
+    let mut cmd = park;
+    cmd["session_id"] = json!(sid);
+    cmd["safe_place_grant"] = grant["grant_id"].clone();
+    let done = ok(&s, ALICE, "mhs.command", cmd.clone());
+    assert_eq!(done["status"], "completed", "{done}");
+    // Single use: the same again is refused by the latch.
+    cmd["command_id"] = json!("park-again-1");
+    let again = ok(&s, ALICE, "mhs.command", cmd);
+    assert_rejected(&again, "MHS.SAFETY.ESTOP_ENGAGED");
+}

@@ -284,6 +284,15 @@ fn a_motion_interrupted_by_a_crash_is_unknown_and_never_runs_again() {
     let again = s.command(cmd);
     assert_eq!(again["replayed"], true, "{again}");
     assert_eq!(again["status"], "unknown", "{again}");
+    // The receipt says what was dispatched, and the revision moved: the
+    // motion may have acted before the process died.
+    assert_eq!(again["capability_id"], "cap.motion.move_to.v1", "{again}");
+    assert!(again["operation_id"].is_string(), "{again}");
+    assert_eq!(again["decision"], "allow", "{again}");
+    assert_eq!(again["mode"], "simulated", "{again}");
+    assert_eq!(again["state_revision_before"], 0, "{again}");
+    assert_eq!(again["state_revision_after"], 1, "{again}");
+    assert_eq!(s.revision(&sid, ARM, "joints"), 1);
     assert!(
         s.status_of(ARM)["running_operations"]
             .as_array()

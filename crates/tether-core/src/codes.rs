@@ -135,7 +135,7 @@ registry! {
     ModeReadOnly => ("MHS.MODE.READ_ONLY", -32060, false, Command, "The device's mode accepts no commands (replay)."),
     SafetyEstopEngaged => ("MHS.SAFETY.ESTOP_ENGAGED", -32070, false, Command, "The device is latched by an e-stop; an operator must reset it before effectful commands run."),
     SafetyEnvelopeViolation => ("MHS.SAFETY.ENVELOPE_VIOLATION", -32071, false, Command, "A value is outside the effective limits; details name the path, kind, bound, value, unit and source."),
-    SafetyLimitsUnset => ("MHS.SAFETY.LIMITS_UNSET", -32072, false, Command, "The call sets a value whose bound is operator_required and no operator overlay filled it."),
+    SafetyLimitsUnset => ("MHS.SAFETY.LIMITS_UNSET", -32072, false, Command, "The call sets a value whose bound is operator_required and no operator overlay filled it, or (hardware/hybrid, R1+) a number no limit covers."),
     SafetyCumulativeLimit => ("MHS.SAFETY.CUMULATIVE_LIMIT", -32073, false, Command, "A cumulative budget would be exceeded; details give used, limit and window."),
     SafetyInterlockOpen => ("MHS.SAFETY.INTERLOCK_OPEN", -32074, true, Command, "A gating interlock reads open or unknown."),
     SafetyPermitInvalid => ("MHS.SAFETY.PERMIT_INVALID", -32075, false, Command, "The permit is missing, expired, used or bound to another input."),

@@ -437,7 +437,7 @@ impl Kernel {
             if held {
                 "held by the control policy"
             } else {
-                "a hardware command at R2 or above needs a permit from an approval route"
+                need.reason
             },
         );
         if !create {

@@ -123,14 +123,15 @@ impl Kernel {
 pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize, StoreError> {
     let orphans = store.open_ops()?;
     let count = orphans.len();
+    let mut revisions = store.revisions()?;
     for op in orphans {
-        let null = serde_json::Value::Null;
-        let receipt = unknown_receipt(
-            &op.command_id,
-            op.info.get("device_id").unwrap_or(&null),
-            op.info.get("resource").unwrap_or(&null),
-            "endpoint_crashed",
-        );
+        let receipt_exists = store.receipt(&op.command_id)?.is_some();
+        // The call was dispatched: its resource's revision advances by one
+        // whatever the outcome, unknown included (the driver may have acted).
+        let revision = (!receipt_exists)
+            .then(|| crashed_revision(&op.info, &mut revisions))
+            .flatten();
+        let receipt = crashed_receipt(&op, revision.as_ref());
         let key = op
             .info
             .get("key")
@@ -138,7 +139,7 @@ pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize
             .unwrap_or("crashed")
             .to_owned();
         // A receipt that did land is the outcome; only the open record is stale.
-        let receipts = if store.receipt(&op.command_id)?.is_some() {
+        let receipts = if receipt_exists {
             Vec::new()
         } else {
             vec![ReceiptRef {
@@ -150,11 +151,70 @@ pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize
         store.commit_blocking(Commit {
             events: vec![EventDraft { kind: "command.finish_crashed".into(), body: json!({"command_id": op.command_id, "reason": "endpoint_crashed", "open_operation": op.info, "receipt": receipt}).into() }],
             receipts,
+            revisions: revision.into_iter().collect(),
             closed_ops: vec![op.command_id],
             ..Commit::default()
         })?;
     }
     Ok(count)
+}
+
+/// The revision row a crashed call leaves: one past the revision it was
+/// dispatched at (or the stored one, for a record that does not say).
+fn crashed_revision(
+    info: &serde_json::Value,
+    revisions: &mut [tether_store::RevisionRow],
+) -> Option<tether_store::RevisionRow> {
+    let device_id = info.get("device_id")?.as_str()?;
+    let resource = info.get("resource")?.as_str()?;
+    let row = revisions
+        .iter_mut()
+        .find(|r| r.device_id == device_id && r.resource == resource);
+    let stored = row.as_ref().map_or(0, |r| r.revision);
+    let before = info
+        .get("revision_before")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(stored)
+        .max(stored);
+    let next = tether_store::RevisionRow {
+        device_id: device_id.to_owned(),
+        resource: resource.to_owned(),
+        revision: before + 1,
+    };
+    // Two orphans on one resource each advance it.
+    if let Some(r) = row {
+        r.revision = next.revision;
+    }
+    Some(next)
+}
+
+/// The `unknown` receipt of a call whose finish was never recorded: what
+/// its open record knows (capability, operation, mode, when it was
+/// accepted, the revision it was dispatched at and the one it leaves).
+fn crashed_receipt(
+    op: &tether_store::OpenOp,
+    revision: Option<&tether_store::RevisionRow>,
+) -> serde_json::Value {
+    let null = serde_json::Value::Null;
+    let field = |k: &str| op.info.get(k).unwrap_or(&null).clone();
+    let mut receipt = unknown_receipt(
+        &op.command_id,
+        op.info.get("device_id").unwrap_or(&null),
+        op.info.get("resource").unwrap_or(&null),
+        "endpoint_crashed",
+    );
+    receipt["capability_id"] = field("capability_id");
+    receipt["operation_id"] = field("operation_id");
+    receipt["input_digest"] = field("input_digest");
+    receipt["mode"] = field("mode");
+    receipt["accepted_at_ms"] = field("accepted_at_ms");
+    // It was dispatched, so it had passed the policy.
+    receipt["decision"] = json!("allow");
+    if let Some(r) = revision {
+        receipt["state_revision_before"] = json!(r.revision - 1);
+        receipt["state_revision_after"] = json!(r.revision);
+    }
+    receipt
 }
 
 fn unknown_receipt(

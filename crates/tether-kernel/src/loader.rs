@@ -215,6 +215,23 @@ fn rewrite_tuples(node: &mut Value, depth: usize) {
     }
 }
 
+/// The field a deserializer's message names (`unknown field `x``,
+/// `missing field `y``), so a parse defect points at it as others do.
+fn field_named_in(message: &str) -> Option<String> {
+    [
+        "unknown field `",
+        "missing field `",
+        "duplicate field `",
+        "duplicate key `",
+    ]
+    .iter()
+    .find_map(|lead| {
+        let rest = &message[message.find(lead)? + lead.len()..];
+        rest.find('`').map(|end| rest[..end].to_owned())
+    })
+    .filter(|f| !f.is_empty())
+}
+
 type Overlay = BTreeMap<String, BTreeMap<String, Value>>;
 
 fn parse_overlay(src: &OverlaySource) -> Result<Overlay, Defect> {
@@ -269,7 +286,7 @@ pub fn load(
                 defects.push(Defect {
                     file: src.origin.clone(),
                     device: loosely_read_device_id(src).unwrap_or_else(|| "-".into()),
-                    field: "-".into(),
+                    field: field_named_in(&message).unwrap_or_else(|| "-".into()),
                     message,
                 });
                 continue;

@@ -43,9 +43,11 @@ pub(crate) struct Permits {
 
 /// Whether a binding's commands need a permit.
 pub(crate) fn permit_required(mode_physical: bool, b: &BindingSpec) -> bool {
-    mode_physical
-        && b.risk >= RiskClass::R2
-        && !(b.is_read() || b.is_stop() || b.achieves_safe_state)
+    let exempt = b.is_read() || b.is_stop() || b.achieves_safe_state;
+    // A two-person operation runs only on the approval of two operators, in
+    // every mode and at every risk (LumenFlow: denied until quorum approvals).
+    let two_person = b.flags.two_person;
+    !exempt && (two_person || (mode_physical && b.risk >= RiskClass::R2))
 }
 
 impl Kernel {
@@ -103,8 +105,8 @@ impl Kernel {
         if permit_required(dev.spec.manifest.mode.is_physical(), b) {
             return Err(ApiError::new(
                 Code::SafetyApprovalRequired,
-                "a permit for a hardware command at R2 or above comes only from an approval route: send the command itself; its refusal names an approval (details.approval_id) for operators to decide, then send the same command_id again",
-                json!({"reason": "approval_route_required", "risk": b.risk.as_str(), "mode": dev.spec.manifest.mode.as_str(), "route": "mhs.command -> mhs.approvals.decide (operators) -> mhs.command with the same command_id"}),
+                "a permit for a hardware command at R2 or above, or for a two-person operation, comes only from an approval route: send the command itself; its refusal names an approval (details.approval_id) for operators to decide, then send the same command_id again",
+                json!({"reason": "approval_route_required", "risk": b.risk.as_str(), "two_person": b.flags.two_person, "mode": dev.spec.manifest.mode.as_str(), "route": "mhs.command -> mhs.approvals.decide (operators) -> mhs.command with the same command_id"}),
             ));
         }
         let ttl = ttl_ms.unwrap_or(PERMIT_TTL_MS_DEFAULT);

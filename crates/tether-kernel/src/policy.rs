@@ -132,6 +132,20 @@ pub(crate) enum PolicyStep {
 }
 
 impl Kernel {
+    /// Whether the command carries a valid safe-place grant that stands for
+    /// an operator's approval (see `policy_step`).
+    fn safe_place_grant_decides(&self, ctx: &Ctx, b: &BindingSpec) -> bool {
+        let dev = &self.inner.devices[ctx.device];
+        let Some(grant) = &ctx.safe_place_grant else {
+            return false;
+        };
+        !b.flags.two_person
+            && dev.latched.load(std::sync::atomic::Ordering::SeqCst)
+            && self
+                .check_grant_for(grant, ctx.device, ctx.binding, &ctx.digest, false)
+                .is_ok()
+    }
+
     /// Decides a read (no approvals: a read is allowed or denied).
     pub(crate) fn policy_read(&self, p: &Principal, d: usize, bi: usize) -> Result<Value, Refusal> {
         let v = self
@@ -203,11 +217,20 @@ impl Kernel {
         if !held && !needs_permit {
             return PolicyStep::Go { approval: None };
         }
+        // An operator's safe-place grant is that operator's decision on this
+        // exact command (one binding, one input, once): it satisfies a hold
+        // and the permit route while the device is latched, as an approval
+        // would. It never stands in for two operators.
+        if self.safe_place_grant_decides(ctx, b) {
+            return PolicyStep::Go { approval: None };
+        }
         // A two-person binding is satisfied only by a quorum of two or more.
         let quorum =
             if held { verdict.quorum } else { 1 }.max(if b.flags.two_person { 2 } else { 1 });
         let reason = if held {
             verdict.reason.clone()
+        } else if b.flags.two_person {
+            "a two-person operation runs only on the approval of two operators".to_owned()
         } else {
             "a hardware command at R2 or above needs a permit from an approval route".to_owned()
         };
