@@ -257,6 +257,27 @@ fn die_quietly_on_closed_pipe() {
     }
 }
 
+/// Raises the soft limit on open files to the hard limit. Every HTTP client
+/// holds a descriptor; at the common soft limit of 1,024, that many stalled
+/// clients would leave no descriptor to accept the connection an e-stop
+/// arrives on. A limit that cannot be raised is left as it is.
+fn raise_open_files_limit() {
+    #[cfg(unix)]
+    // SAFETY: getrlimit/setrlimit on a local struct; no memory is shared.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::debug!("the open-files limit could not be raised");
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
@@ -918,6 +939,7 @@ fn serve(
         bail!("choose a transport: --stdio, --http ADDR or --mcp-http ADDR (for example --http 127.0.0.1:7878)");
     }
     init_tracing();
+    raise_open_files_limit();
     let prepared = match prepare(config_path.as_deref()) {
         Ok(p) => p,
         Err(code) => return Ok(code),

@@ -176,3 +176,37 @@ fn authority_is_declared_only_on_a_hybrid_device() {
         run.stderr
     );
 }
+
+/// Two endpoints on one state directory: a command id runs once there (the
+/// second endpoint answers the first one's receipt), and a disarm answered
+/// by one binds the other's next physical call at once.
+#[test]
+fn endpoints_sharing_a_state_directory_run_an_id_once_and_obey_one_disarm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), &relay_manifest("hardware", ""), "");
+    let a = start_with_config(dir.path(), &cfg);
+    let b = start_with_config(dir.path(), &cfg);
+    let run = |s: &Server, id: &str| {
+        let sid = call_with_token(s, AGENT, "mhs.session.open", json!({}))["result"]["session_id"]
+            .as_str()
+            .expect("session")
+            .to_owned();
+        call_with_token(
+            s,
+            AGENT,
+            "mhs.command",
+            json!({"session_id": sid, "device_id": RELAY, "capability_id": "cap.io.relay.v1", "input": {"channel": 0, "on": true}, "command_id": id}),
+        )["result"]
+            .clone()
+    };
+    let first = run(&a, "shared-once-1");
+    assert_eq!(first["status"], "completed", "{first}");
+    let second = run(&b, "shared-once-1");
+    assert_eq!(second["replayed"], true, "{second}");
+    assert_eq!(second["receipt_id"], first["receipt_id"], "{second}");
+
+    let off = call_with_token(&a, AGENT, "mhs.safety.disarm", json!({"device_id": RELAY}));
+    assert_eq!(off["result"]["durable"], true, "{off}");
+    let refused = run(&b, "after-disarm-1");
+    assert_rejected(&refused, "MHS.AUTH.HARDWARE_DISABLED");
+}

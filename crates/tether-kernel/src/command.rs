@@ -1295,6 +1295,10 @@ impl Kernel {
             };
             if let Err(e) = durable {
                 self.unregister_op(&op_id);
+                if matches!(e, StoreError::Conflict(_)) && tracked {
+                    // Another process on this store ran or runs this id.
+                    return Ok(self.ran_elsewhere(&ctx, &admitted.reservations).await);
+                }
                 return Ok(self
                     .refuse_admitted(
                         &ctx,
@@ -1306,6 +1310,20 @@ impl Kernel {
                         ),
                     )
                     .await);
+            }
+            // The stop and the arming are read again once the admission is
+            // durable, right before dispatch: a trip or disarm another
+            // process made durable while this admission was being written
+            // refuses the call (the first read came before that wait).
+            if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
+                if let Err(r) = self.reread_governed_stop(ctx.device) {
+                    self.unregister_op(&op_id);
+                    let answer = self.refuse_admitted(&ctx, &admitted.reservations, r).await;
+                    if tracked {
+                        self.close_open_op(&ctx.command_id).await;
+                    }
+                    return Ok(answer);
+                }
             }
         }
         // A time-bounded binding (`max_duration_ms`) runs no longer than that,
@@ -1416,18 +1434,75 @@ impl Kernel {
             .store
             .latches()
             .map_err(|e| unreadable(e.to_string()))?;
-        match crate::governed::newest_event(&rows, dev.id()) {
-            Some(ev) if ev.latched && ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst) => {
-                Err(Refusal::new(
+        if let Some(ev) = crate::governed::newest_event(&rows, dev.id()) {
+            // A trip this process has not applied: newer than what it knows,
+            // or known (the watcher records the time first) but not latched
+            // here yet (the watcher latches on its own task, a moment later).
+            let unapplied = ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst)
+                || !dev.latched.load(Ordering::SeqCst);
+            if ev.latched && unapplied {
+                return Err(Refusal::new(
                     Code::SafetyEstopEngaged,
                     format!(
                         "a governed stop of `{}` was tripped by another process",
                         dev.id()
                     ),
                     json!({"reason": "governed_stop", "device_id": dev.id(), "tripped_at_ms": ev.at_ms, "latch_reason": ev.reason}),
-                ))
+                ));
             }
-            _ => Ok(()),
+        }
+        // Arming made by another process (or here since step 6) binds this
+        // call too: a disarm this process has not applied yet refuses it.
+        if let Some((armed, at_ms)) = crate::governed::arming_of(&rows, dev.id()) {
+            if at_ms > dev.arming_ms.load(Ordering::SeqCst) {
+                dev.arming_ms.fetch_max(at_ms, Ordering::SeqCst);
+                dev.armed.store(armed, Ordering::SeqCst);
+            }
+        }
+        if !dev.armed.load(Ordering::SeqCst) {
+            return Err(Refusal::new(
+                Code::AuthHardwareDisabled,
+                format!("device `{}` was disarmed", dev.id()),
+                json!({"reason": "not_armed", "device_id": dev.id()}),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A command id whose operation another process on this store already
+    /// ran (its receipt is the outcome: a replay when this is the same
+    /// request) or is running (refused `in_flight`). Nothing is dispatched
+    /// here.
+    async fn ran_elsewhere(&self, ctx: &Ctx, reservations: &[BudgetRow]) -> Answer {
+        if let Ok(Some(row)) = self.inner.store.receipt(&ctx.command_id) {
+            if row.input_digest == ctx.key {
+                self.release_budgets(reservations);
+                self.abort_idempotent(&ctx.command_id);
+                return replayed(row.receipt).into();
+            }
+        }
+        let refusal = Refusal::new(
+            Code::ConflictCommandIdReuse,
+            format!(
+                "command_id `{}` already ran or is running on another endpoint of this state directory",
+                ctx.command_id
+            ),
+            json!({"reason": "in_flight", "command_id": ctx.command_id, "where": "another_endpoint"}),
+        );
+        self.refuse_admitted(ctx, reservations, refusal).await
+    }
+
+    /// Closes the open operation a refusal after a durable admission left
+    /// (nothing was dispatched; its rejected receipt is the outcome).
+    async fn close_open_op(&self, command_id: &str) {
+        let closed = Commit {
+            closed_ops: vec![command_id.to_owned()],
+            ..Commit::default()
+        };
+        if let Err(e) = self.commit(closed).await {
+            // Start-up closes it then (the receipt exists, so nothing is
+            // counted twice).
+            tracing::warn!(command_id, error = %e, "an open operation could not be closed");
         }
     }
 

@@ -82,9 +82,21 @@ pub(crate) enum BodyBytes {
     Broken,
 }
 
-/// Reads `body` up to `limit` bytes. A longer body is cut there: only its
-/// first `limit` bytes are held, never the whole.
-pub(crate) async fn read_body(mut body: axum::body::Body, limit: usize) -> BodyBytes {
+/// How long a client may take to send a request body. A client that
+/// trickles a body (or stops half-way) would otherwise hold its connection,
+/// and a descriptor, for ever.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads `body` up to `limit` bytes within [`BODY_READ_TIMEOUT`]. A longer
+/// body is cut there: only its first `limit` bytes are held, never the
+/// whole; a body not sent in time is [`BodyBytes::Broken`].
+pub(crate) async fn read_body(body: axum::body::Body, limit: usize) -> BodyBytes {
+    tokio::time::timeout(BODY_READ_TIMEOUT, read_body_untimed(body, limit))
+        .await
+        .unwrap_or(BodyBytes::Broken)
+}
+
+async fn read_body_untimed(mut body: axum::body::Body, limit: usize) -> BodyBytes {
     use http_body::Body as _;
     let mut buf = Vec::new();
     loop {

@@ -136,6 +136,16 @@ impl Backend for MemoryBackend {
                 ))));
                 continue;
             }
+            if let Some((op, _)) = c.open_ops.iter().find(|(op, _)| {
+                st.receipt_index.contains_key(&op.command_id)
+                    || st.open_ops.contains_key(&op.command_id)
+            }) {
+                results.push(Err(StoreError::Conflict(format!(
+                    "command_id {:?} already ran or is running on this store",
+                    op.command_id
+                ))));
+                continue;
+            }
             if let Some(b) = c
                 .budget_draws
                 .iter()

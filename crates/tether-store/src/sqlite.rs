@@ -619,6 +619,21 @@ fn apply_one(
                 ))));
             }
         }
+        // An operation opens under its command_id once: another process on
+        // this store that already ran the id (a receipt) or is running it
+        // (an open operation) makes the start a conflict, so a command id is
+        // dispatched once per state directory, not once per process.
+        if !c.open_ops.is_empty() {
+            let mut open = conn.prepare_cached("SELECT 1 FROM open_ops WHERE command_id = ?1")?;
+            for (op, _) in &c.open_ops {
+                let id = &op.command_id;
+                if hot.receipt_exists.exists([id])? || open.exists([id])? {
+                    return Ok(Err(StoreError::Conflict(format!(
+                        "command_id {id:?} already ran or is running on this store"
+                    ))));
+                }
+            }
+        }
         if !c.budget_draws.is_empty() {
             let mut exists =
                 conn.prepare_cached("SELECT 1 FROM budget WHERE reservation_id = ?1")?;

@@ -2,7 +2,7 @@
 //! message, retryable, details}}`, the HTTP status of every registry code, and
 //! strict reading of request bodies.
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -193,15 +193,23 @@ impl IntoResponse for RestError {
 /// # Errors
 /// `TOO_LARGE` (413), `PARSE_ERROR` (400).
 pub(crate) async fn read_json(body: Body) -> Result<Option<Value>, RestError> {
-    let bytes = to_bytes(body, crate::REQUEST_BYTES_MAX)
-        .await
-        .map_err(|_| {
-            RestError::new(
+    let bytes = match crate::read_body(body, crate::REQUEST_BYTES_MAX).await {
+        crate::BodyBytes::Whole(bytes) => bytes,
+        crate::BodyBytes::TooLarge(_) => {
+            return Err(RestError::new(
                 Code::ProtocolTooLarge,
                 "request body too large",
                 json!({"limit_bytes": crate::REQUEST_BYTES_MAX}),
-            )
-        })?;
+            ))
+        }
+        crate::BodyBytes::Broken => {
+            return Err(RestError::new(
+                Code::ProtocolParseError,
+                "the request body could not be read in time",
+                json!({"reason": "body_unreadable", "timeout_s": crate::BODY_READ_TIMEOUT.as_secs()}),
+            ))
+        }
+    };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
