@@ -22,6 +22,17 @@ fn wait_running(s: &Server) {
     });
 }
 
+/// Waits until the arm has moved: the motion was dispatched, which happens
+/// only once its start is durable (an operation is listed as running from
+/// its registration, a moment before that).
+fn wait_moving(s: &Server, sid: &str) {
+    poll_until("the arm to move", Duration::from_secs(5), || {
+        s.read(sid, ARM, "joints")["state"]["positions"][0]
+            .as_f64()
+            .is_some_and(|x| x > 0.0)
+    });
+}
+
 /// Sends `cmd` (a `mhs.command`'s params) on its own thread; its answer, if
 /// any comes within `timeout`, is the thread's result.
 fn send_in_background(
@@ -272,9 +283,10 @@ fn a_motion_interrupted_by_a_crash_is_unknown_and_never_runs_again() {
         let mut s = Server::start(Transport::Http, Some(&state));
         let sid = s.session();
         cmd["session_id"] = json!(sid);
-        // The answer never comes: the process dies first.
+        // The answer never comes: the process dies first, mid-motion.
         let sender = send_in_background(&s, &cmd, Duration::from_secs(5));
         wait_running(&s);
+        wait_moving(&s, &sid);
         s.kill();
         let _ = sender.join();
     }
@@ -315,6 +327,7 @@ fn sigterm_cancels_a_running_motion_and_records_its_receipt() {
         cmd["session_id"] = json!(sid);
         let sender = send_in_background(&s, &cmd, Duration::from_secs(10));
         wait_running(&s);
+        wait_moving(&s, &sid);
         let status = s.terminate().expect("the endpoint exits after SIGTERM");
         assert!(status.success(), "{status:?}");
         let answer = sender.join().expect("sender").json();

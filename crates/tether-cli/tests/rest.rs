@@ -711,6 +711,13 @@ fn an_invocation_is_retained_across_a_restart_and_a_lost_one_reads_unknown() {
         // A long motion, then the process dies (SIGKILL) before its receipt.
         let lost = start_motion(&s, 2.0, 0.5);
         wait_running(&s);
+        // Dispatched (the arm moves) only once its start is durable.
+        let sid = s.session();
+        poll_until("the arm to move", Duration::from_secs(5), || {
+            s.read(&sid, "arm-1", "joints")["state"]["positions"][0]
+                .as_f64()
+                .is_some_and(|x| x > 0.0)
+        });
         s.kill();
         (done, lost, refused)
     };
