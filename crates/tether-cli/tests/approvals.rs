@@ -276,6 +276,16 @@ fn quorum_of_two_distinct_operators_then_resume_by_command_id() {
     );
 }
 
+/// Exactly one approval is pending (an operator lists them).
+fn assert_one_pending(s: &Server) {
+    let pending = ok(s, ALICE, "mhs.approvals.list", json!({"status": "pending"}));
+    assert_eq!(
+        pending["approvals"].as_array().map(Vec::len),
+        Some(1),
+        "{pending}"
+    );
+}
+
 /// A setpoint sent without a command id of its own, as MCP tools send them.
 fn setpoint_without_id(s: &Server, token: &str, sid: &str, t: f64) -> Value {
     ok(
@@ -298,17 +308,7 @@ fn a_request_without_a_command_id_resumes_the_hold_it_repeats() {
     let again = setpoint_without_id(&s, AGENT, &sid, 75.0);
     assert_eq!(held_approval(&again), approval, "{again}");
     assert_eq!(again["command_id"], first["command_id"], "{again}");
-    let pending = ok(
-        &s,
-        ALICE,
-        "mhs.approvals.list",
-        json!({"status": "pending"}),
-    );
-    assert_eq!(
-        pending["approvals"].as_array().map(Vec::len),
-        Some(1),
-        "{pending}"
-    );
+    assert_one_pending(&s);
     // Other input is another request: its own hold.
     let other = setpoint_without_id(&s, AGENT, &sid, 76.0);
     assert_ne!(held_approval(&other), approval, "{other}");
@@ -981,17 +981,7 @@ fn an_mcp_tool_call_repeated_after_approval_resumes_the_hold() {
         approval,
         "the same hold: {again}"
     );
-    let pending = ok(
-        &s,
-        ALICE,
-        "mhs.approvals.list",
-        json!({"status": "pending"}),
-    );
-    assert_eq!(
-        pending["approvals"].as_array().map(Vec::len),
-        Some(1),
-        "{pending}"
-    );
+    assert_one_pending(&s);
     for op in [ALICE, BOB] {
         let d = decide(&s, op, &approval, "approve");
         assert!(d.get("error").is_none(), "{d}");
@@ -1215,23 +1205,12 @@ fn a_two_person_operation_needs_two_operators_whatever_the_policy_says() {
     assert_eq!(done["status"], "completed", "{done}");
 }
 
-/// The built-in arm as a hardware device `arm-hw` (no simulation fidelity).
+/// The built-in arm as a hardware device `arm-hw`.
 fn hardware_arm() -> String {
-    let mut in_fidelity = false;
-    include_str!("../../tether-drivers/cell/arm-1.toml")
-        .replace("device_id = \"arm-1\"", "device_id = \"arm-hw\"")
-        .replace("mode = \"simulated\"", "mode = \"hardware\"")
-        .lines()
-        .filter(|l| {
-            if l.trim() == "[fidelity]" {
-                in_fidelity = true;
-            } else if l.trim().is_empty() {
-                in_fidelity = false;
-            }
-            !in_fidelity
-        })
-        .map(|l| format!("{l}\n"))
-        .collect()
+    as_hardware(
+        &include_str!("../../tether-drivers/cell/arm-1.toml")
+            .replace("device_id = \"arm-1\"", "device_id = \"arm-hw\""),
+    )
 }
 
 /// On a latched hardware arm, the operator's safe-place grant is her

@@ -244,15 +244,16 @@ fn assert_estop_cut_the_motion_short(
     after_estop(s, sid);
 }
 
-/// Without a native stop, a bound `cap.motion.estop.v1` is the stop path
-/// (OpenMHS CORE-074): the e-stop dispatches it, and a motion in flight halts.
-#[test]
-fn a_bound_estop_class_is_the_stop_path_of_a_device_without_a_native_stop() {
+/// An endpoint serving the built-in arm with `from` replaced by `to` in its
+/// manifest (the state directory lives as long as the returned `TempDir`).
+fn serve_arm_with(from: &str, to: &str) -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = include_str!("../../tether-drivers/cell/arm-1.toml")
-        .replace("native = true", "native = false");
-    assert!(manifest.contains("native = false"));
-    std::fs::write(dir.path().join("arm.toml"), manifest).expect("manifest");
+    let manifest = include_str!("../../tether-drivers/cell/arm-1.toml");
+    assert!(
+        manifest.contains(from),
+        "arm-1.toml changed; update the test"
+    );
+    std::fs::write(dir.path().join("arm.toml"), manifest.replace(from, to)).expect("manifest");
     let cfg = dir.path().join("tether.toml");
     std::fs::write(&cfg, "devices = [\"arm.toml\"]\n").expect("config");
     let s = Server::start_with(
@@ -260,6 +261,14 @@ fn a_bound_estop_class_is_the_stop_path_of_a_device_without_a_native_stop() {
         Some(&dir.path().join("state")),
         &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
     );
+    (dir, s)
+}
+
+/// Without a native stop, a bound `cap.motion.estop.v1` is the stop path
+/// (OpenMHS CORE-074): the e-stop dispatches it, and a motion in flight halts.
+#[test]
+fn a_bound_estop_class_is_the_stop_path_of_a_device_without_a_native_stop() {
+    let (_dir, s) = serve_arm_with("native = true", "native = false");
     let r = s.ok(
         "mhs.safety.estop",
         json!({"device_id": ARM, "reason": "bound stop"}),
@@ -273,18 +282,7 @@ fn a_bound_estop_class_is_the_stop_path_of_a_device_without_a_native_stop() {
 /// whatever deadline the caller gave: the motion is cancelled and says why.
 #[test]
 fn a_motion_runs_no_longer_than_its_bindings_max_duration() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = include_str!("../../tether-drivers/cell/arm-1.toml")
-        .replace("max_duration_ms = 120000", "max_duration_ms = 300");
-    assert!(manifest.contains("max_duration_ms = 300"));
-    std::fs::write(dir.path().join("arm.toml"), manifest).expect("manifest");
-    let cfg = dir.path().join("tether.toml");
-    std::fs::write(&cfg, "devices = [\"arm.toml\"]\n").expect("config");
-    let s = Server::start_with(
-        common::Transport::Http,
-        Some(&dir.path().join("state")),
-        &[std::ffi::OsStr::new("--config"), cfg.as_os_str()],
-    );
+    let (_dir, s) = serve_arm_with("max_duration_ms = 120000", "max_duration_ms = 300");
     let sid = s.session();
     let t0 = Instant::now();
     // 1 rad at 0.1 rad/s would take 10 s.

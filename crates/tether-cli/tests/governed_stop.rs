@@ -179,23 +179,7 @@ fn a_non_operator_reset_elsewhere_never_releases_a_hardware_latch() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tether-drivers/cell/arm-1.toml"),
     )
     .expect("arm manifest");
-    // A hardware device declares no simulation fidelity: drop that table
-    // (its header and the lines up to the next blank one).
-    let mut in_fidelity = false;
-    let hardware: String = manifest
-        .replace("mode = \"simulated\"", "mode = \"hardware\"")
-        .lines()
-        .filter(|l| {
-            if l.trim() == "[fidelity]" {
-                in_fidelity = true;
-            } else if l.trim().is_empty() {
-                in_fidelity = false;
-            }
-            !in_fidelity
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert!(hardware.contains("mode = \"hardware\""), "{hardware}");
+    let hardware = as_hardware(&manifest);
     std::fs::write(dir.path().join("arm-hw.toml"), hardware).expect("write");
     let cfg = dir.path().join("tether.toml");
     std::fs::write(&cfg, "builtin_cell = false\ndevices = [\"arm-hw.toml\"]\n").expect("cfg");

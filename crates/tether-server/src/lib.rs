@@ -68,6 +68,21 @@ pub(crate) fn bytes_response(
         .into_response()
 }
 
+/// Whether some member `"key"` of `text` (JSON or not) has a value that
+/// begins with `value` (a JSON token, e.g. `"\"estop\""`). A textual look
+/// for recognising an e-stop in text no parser accepts; one pass over the
+/// (bounded) text per occurrence of the key.
+pub(crate) fn text_member_is(text: &str, key: &str, value: &str) -> bool {
+    let key = format!("\"{key}\"");
+    text.match_indices(key.as_str()).any(|(at, k)| {
+        text[at + k.len()..]
+            .trim_start()
+            .strip_prefix(':')
+            .map(str::trim_start)
+            .is_some_and(|v| v.starts_with(value))
+    })
+}
+
 /// Largest request accepted by any surface, bytes.
 pub const REQUEST_BYTES_MAX: usize = 1 << 20;
 

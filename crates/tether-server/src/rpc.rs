@@ -191,14 +191,7 @@ fn lenient_parse(text: &str) -> Option<Value> {
 /// stops devices, which for a request that mentions the e-stop is the safe
 /// mistake.
 pub(crate) fn names_estop_loosely(text: &str) -> bool {
-    let method_is = |wanted: &str| {
-        text.match_indices("\"method\"").any(|(at, key)| {
-            let rest = text[at + key.len()..].trim_start();
-            rest.strip_prefix(':')
-                .map(str::trim_start)
-                .is_some_and(|v| v.starts_with(wanted))
-        })
-    };
+    let method_is = |wanted: &str| crate::text_member_is(text, "method", wanted);
     method_is("\"mhs.safety.estop\"")
         || (method_is("\"mhs.command\"") && text.contains(&format!("\"{}\"", catalogue::ESTOP)))
 }

@@ -356,6 +356,28 @@ pub fn http_post(addr: SocketAddr, body: &[u8], timeout: Duration) -> HttpRespon
     http_post_with(addr, body, timeout, "")
 }
 
+/// A simulated device's TOML manifest served as a `hardware` device: the
+/// mode changed and its `[fidelity]` table (header and lines up to the
+/// next blank one) dropped, since only a simulated device declares one.
+pub fn as_hardware(manifest: &str) -> String {
+    let mut in_fidelity = false;
+    let text: String = manifest
+        .replace("mode = \"simulated\"", "mode = \"hardware\"")
+        .lines()
+        .filter(|l| {
+            if l.trim() == "[fidelity]" {
+                in_fidelity = true;
+            } else if l.trim().is_empty() {
+                in_fidelity = false;
+            }
+            !in_fidelity
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(text.contains("mode = \"hardware\""), "{text}");
+    text
+}
+
 /// `tether serve --config CFG --http` on the state directory `DIR/state`.
 pub fn start_with_config(dir: &Path, cfg: &Path) -> Server {
     Server::start_with(

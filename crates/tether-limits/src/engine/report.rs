@@ -123,37 +123,28 @@ impl EffectiveRule {
         if p.origin.is_none() && p.reference.is_none() && p.reason.is_none() {
             return None;
         }
-        let mut m = Map::new();
-        m.insert("source".into(), Value::from(p.source.as_str()));
-        if let Some(o) = p.origin {
-            m.insert("origin".into(), Value::from(o));
-        }
-        if let Some(r) = &p.reference {
-            m.insert("ref".into(), Value::from(r.as_str()));
-        }
-        if let Some(r) = &p.reason {
-            m.insert("reason".into(), Value::from(r.as_str()));
-        }
-        Some(Value::Object(m))
+        Some(provenance_entry(p))
     }
 
     fn provenance_json(&self) -> Value {
-        let items = self.provenance.iter().map(|p| {
-            let mut m = Map::new();
-            m.insert("source".into(), Value::from(p.source.as_str()));
-            if let Some(o) = p.origin {
-                m.insert("origin".into(), Value::from(o));
-            }
-            if let Some(r) = &p.reference {
-                m.insert("ref".into(), Value::from(r.as_str()));
-            }
-            if let Some(r) = &p.reason {
-                m.insert("reason".into(), Value::from(r.as_str()));
-            }
-            Value::Object(m)
-        });
-        Value::Array(items.collect())
+        Value::Array(self.provenance.iter().map(provenance_entry).collect())
     }
+}
+
+/// One source's provenance: `{source, origin?, ref?, reason?}`.
+fn provenance_entry(p: &super::Provenance) -> Value {
+    let mut m = Map::new();
+    m.insert("source".into(), Value::from(p.source.as_str()));
+    if let Some(o) = p.origin {
+        m.insert("origin".into(), Value::from(o));
+    }
+    if let Some(r) = &p.reference {
+        m.insert("ref".into(), Value::from(r.as_str()));
+    }
+    if let Some(r) = &p.reason {
+        m.insert("reason".into(), Value::from(r.as_str()));
+    }
+    Value::Object(m)
 }
 
 /// One number when every element shares the bound, else one per element.

@@ -104,13 +104,7 @@ fn loosely_names_estop(text: &str) -> bool {
     if !text.contains("\"tools/call\"") {
         return false;
     }
-    // Bounded: one pass over the (≤ 1 MiB) text per occurrence of `"name"`.
-    text.match_indices("\"name\"").any(|(at, key)| {
-        let rest = text[at + key.len()..].trim_start();
-        rest.strip_prefix(':')
-            .map(str::trim_start)
-            .is_some_and(|v| v.starts_with("\"estop\""))
-    })
+    crate::text_member_is(text, "name", "\"estop\"")
 }
 
 /// Screens one strictly parsed message.
