@@ -3,6 +3,12 @@
 //! refusals for agents, requesters and second votes, durability across a
 //! restart, a policy that now forbids, fingerprints, expiry, denial, the CLI,
 //! and invalid policies refusing start-up.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

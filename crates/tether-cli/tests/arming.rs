@@ -2,6 +2,12 @@
 //! device (only an operator arms, anyone disarms, a disarm survives a
 //! restart), and a model never commands a resource the hardware side of a
 //! hybrid device drives.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

@@ -1,6 +1,12 @@
 //! `tether check` refuses manifest defects naming the file, the device and
 //! the field; `tether describe` prints limits with units and the
 //! not-certified statement.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

@@ -1,5 +1,11 @@
 //! Evidence across a restart (latch, receipts, chain) and tamper detection
 //! of an exported chain.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

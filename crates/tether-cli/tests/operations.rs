@@ -1,4 +1,10 @@
 //! `mhs.operations.get` and `mhs.operations.cancel` on a running motion.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

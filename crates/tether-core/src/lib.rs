@@ -4,17 +4,20 @@
 //! ([`ids`]), the one registry of `MHS.*` error codes ([`codes`]), the device
 //! manifest shapes ([`manifest`]), the capability catalogue shipped as data
 //! ([`catalogue`]), receipts ([`receipt`]) and strict JSON parsing for untrusted
-//! input ([`json`]).
+//! input ([`json`]), and canonical JSON (RFC 8785) with its SHA-256 digests
+//! ([`canonical`]): the form evidence is hashed in.
 //!
 //! **Never belongs here:** I/O, clocks other than the wall clock used to stamp
 //! receipts, decisions, limits evaluation (that is `tether-limits`), storage
 //! (`tether-store`), the evaluation order (`tether-kernel`), wire framing
 //! (`tether-server`).
 //!
-//! **Depended on by:** every other Tether crate except `tether-limits` and
-//! `tether-store`, which are deliberately free of it.
+//! **Depended on by:** every other Tether crate except `tether-limits`, which
+//! is deliberately free of it (pure limits, no vocabulary of the wire).
+//! `tether-store` uses only [`canonical`].
 #![deny(missing_docs)]
 
+pub mod canonical;
 pub mod catalogue;
 pub mod codes;
 pub mod ids;

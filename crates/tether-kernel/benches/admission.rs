@@ -9,6 +9,12 @@
 //! Besides criterion's estimates it prints p50/p99 from a plain timed loop,
 //! because the targets are stated as percentiles. Run:
 //! `cargo bench -p tether-kernel --bench admission`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use criterion::{criterion_group, Criterion};
 use serde_json::json;

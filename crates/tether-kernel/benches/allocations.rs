@@ -6,6 +6,12 @@
 //! binaries use) counts every allocation in the process meanwhile.
 //!
 //! Run: `cargo bench -p tether-kernel --bench allocations [-- COMMANDS]`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

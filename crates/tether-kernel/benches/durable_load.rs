@@ -6,6 +6,12 @@
 //! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines for the docs. The
 //! same load then runs on the in-memory store (no SQLite, no sync), and the
 //! ratio of the two is printed: what the disk costs, measured in one run.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

@@ -4,6 +4,12 @@
 //! the delay from the trip being durable to the motion's cancelled receipt.
 //!
 //! Run: `cargo bench -p tether-kernel --bench governed_stop [-- TRIPS]`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use serde_json::json;
 use std::sync::Arc;

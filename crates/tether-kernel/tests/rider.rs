@@ -2,6 +2,12 @@
 //! REST gateway's invocation record): one commit for the record and the
 //! receipt, the record first; taken by a refusal's commit too; left for the
 //! surface when the command makes no commit (a replay).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

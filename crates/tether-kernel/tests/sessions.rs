@@ -1,4 +1,10 @@
 //! Session expiry and close end the session's running operations.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

@@ -1,4 +1,10 @@
 //! One test per load defect: each is refused at build, with its reason.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

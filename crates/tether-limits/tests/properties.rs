@@ -1,4 +1,10 @@
 //! Property tests: intersection, units, budgets, and robustness of `check`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod common;
 

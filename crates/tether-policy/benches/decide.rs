@@ -4,6 +4,12 @@
 //!
 //! `cargo bench -p tether-policy --bench decide`; the p50/p99 figures it
 //! prints go into docs/PERFORMANCE.md.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use serde_json::json;

@@ -1,4 +1,10 @@
 //! Decisions of the default policy and of custom policies, and load defects.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use serde_json::json;
 use tether_policy::{

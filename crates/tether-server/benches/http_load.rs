@@ -5,6 +5,12 @@
 //! an in-flight arm motion.
 //!
 //! Run: `cargo bench -p tether-server --bench http_load [-- CLIENTS SECONDS]`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod support;
 

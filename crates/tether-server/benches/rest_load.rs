@@ -9,6 +9,12 @@
 //! on their own connection and their answer latency is timed.
 //!
 //! Run: `cargo bench -p tether-server --bench rest_load [-- CLIENTS SECONDS]`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 mod support;
 

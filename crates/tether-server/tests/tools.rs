@@ -1,4 +1,10 @@
 //! The tool catalogue of the built-in cell: names, kinds and descriptions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use std::sync::Arc;
 use tether_kernel::{Kernel, KernelConfig};

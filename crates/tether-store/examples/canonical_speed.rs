@@ -4,6 +4,12 @@
 //! ```text
 //! cargo run --release -p tether-store --example canonical_speed
 //! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use serde_json::json;
 use std::hint::black_box;

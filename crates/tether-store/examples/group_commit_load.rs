@@ -18,6 +18,12 @@
 //! number of batches (one transaction and one fsync each for SQLite). The
 //! store lives in a temporary directory under `$TMPDIR`; point that at the disk
 //! you want to measure.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use serde_json::json;
 use std::sync::mpsc;

@@ -7,9 +7,9 @@
 //! stored and exported text of an entry is the canonical form of the whole
 //! object, `hash` included, so every byte of it is determined by its content.
 
-use crate::canonical::{self, sha256_hex, write_string, write_u64_number};
 use crate::StoreError;
 use serde_json::{Map, Value};
+use tether_core::canonical::{self, sha256_hex, write_string, write_u64_number};
 
 /// `prev_hash` of the first entry.
 pub const GENESIS_PREV_HASH: &str =
@@ -20,10 +20,9 @@ pub const GENESIS_PREV_HASH: &str =
 /// from reading an unbounded line.
 pub const MAX_ENTRY_BYTES: usize = 4 << 20;
 
-/// Deepest nesting of arrays/objects accepted in an event body, a receipt or a
-/// latch's info. `serde_json` refuses to parse beyond 128 levels, so anything
-/// stored must stay well below that for `verify` to be able to read it back.
-pub const MAX_BODY_DEPTH: usize = 64;
+/// Deepest nesting accepted in an event body (defined with the canonical
+/// writer, which enforces it).
+pub use tether_core::canonical::MAX_BODY_DEPTH;
 
 /// The member names of an entry, in canonical (sorted) order.
 pub(crate) const MEMBERS: [&str; 6] = ["body", "hash", "kind", "prev_hash", "seq", "ts_ms"];

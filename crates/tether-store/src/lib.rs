@@ -36,7 +36,7 @@
 //! fails and nothing of the batch is stored.
 #![deny(missing_docs)]
 
-pub mod canonical;
+pub use tether_core::canonical;
 pub mod chain;
 pub mod faulty;
 mod memory;

@@ -6,13 +6,13 @@
 //! is then left with only what must be serial: assigning `seq`, hashing with
 //! `prev_hash`, and the SQL.
 
-use crate::canonical::write_canonical_bounded;
 use crate::chain::{kind_json, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
 use crate::{
     BudgetRow, CanonicalBody, Commit, EventBody, LatchRow, ReceiptRef, RevisionRow, StoreError,
 };
 use serde_json::Value;
 use std::collections::HashSet;
+use tether_core::canonical::write_canonical_bounded;
 
 /// Most items of each kind (events, receipts, revisions, latches, budget
 /// draws, budget releases) in one commit. Bounds the work one commit adds to a

@@ -28,7 +28,7 @@ pub(crate) fn write_export_seal(
     entries: u64,
     head_hash: &str,
 ) -> std::io::Result<()> {
-    let body = crate::canonical::to_canonical_string(&serde_json::json!({
+    let body = tether_core::canonical::to_canonical_string(&serde_json::json!({
         "entries": entries,
         "note": "closes an export of the evidence chain; not an entry of the store",
     }));

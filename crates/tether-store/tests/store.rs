@@ -1,5 +1,11 @@
 //! Behaviour of both stores through the `Store` trait, plus SQLite-only
 //! durability and integrity checks.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines
+)]
 
 use serde_json::json;
 use std::sync::mpsc;

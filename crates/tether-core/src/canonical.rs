@@ -24,6 +24,16 @@ use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 use std::cmp::Ordering;
 
+/// Deepest nesting of arrays/objects accepted in an event body, a receipt or a
+/// latch's info. `serde_json` refuses to parse beyond 128 levels, so anything
+/// stored must stay well below that for a verifier to be able to read it back.
+pub const MAX_BODY_DEPTH: usize = 64;
+
+// Stored documents must parse back with serde_json's default recursion limit.
+const _: () = assert!(MAX_BODY_DEPTH < 128);
+// A request body the strict parser accepts fits in an evidence body.
+const _: () = assert!(crate::json::DEPTH_MAX <= MAX_BODY_DEPTH);
+
 /// Serialise `v` in RFC 8785 canonical form.
 pub fn to_canonical_string(v: &Value) -> String {
     let mut out = String::with_capacity(128);
