@@ -18,7 +18,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tether_kernel::{CancelToken, Principal};
+use tether_kernel::Principal;
 use tether_store::{MemoryStore, SqliteStore, Store};
 
 /// Counts allocations (and bytes asked for) on top of mimalloc.
@@ -141,7 +141,7 @@ fn count(name: &str, store: Arc<dyn Store>, commands: u64, sample_every: u64) {
                 let req = common::setpoint(&session, 20.0 + (i % 60) as f64);
                 // The surfaces' path: the receipt as canonical text.
                 let r = k
-                    .command_answer(&p, req, CancelToken::new(), tether_kernel::Hooks::default())
+                    .command(&p, req, tether_kernel::CommandOptions::plain())
                     .await
                     .expect("command");
                 assert_eq!(r.status(), Some("completed"), "{r:?}");

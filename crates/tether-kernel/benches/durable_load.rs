@@ -19,7 +19,7 @@ mod common;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{CancelToken, EstopRequest, Principal, ResetRequest};
+use tether_kernel::{EstopRequest, Principal, ResetRequest};
 use tether_store::{MemoryStore, SqliteStore, Store};
 
 fn main() {
@@ -141,12 +141,7 @@ fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
                     let req = common::setpoint(&session, 20.0 + ((c + i) % 60) as f64);
                     // The surfaces' path: the receipt as canonical text.
                     let answer = k
-                        .command_answer(
-                            &p,
-                            req,
-                            CancelToken::new(),
-                            tether_kernel::Hooks::default(),
-                        )
+                        .command(&p, req, tether_kernel::CommandOptions::plain())
                         .await;
                     if answer.is_ok_and(|a| a.status() == Some("completed")) {
                         ok += 1;

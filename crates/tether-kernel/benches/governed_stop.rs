@@ -50,6 +50,7 @@ fn main() {
     for i in 0..trips {
         let target = if i % 2 == 0 { 1.0 } else { -1.0 };
         let req = CommandRequest {
+            route: tether_kernel::Route::Command,
             session_id: Some(sid.clone()),
             device_id: "arm-1".into(),
             capability_id: "cap.motion.move_to.v1".into(),
@@ -63,7 +64,11 @@ fn main() {
         };
         let k2 = k.clone();
         let p2 = p.clone();
-        let motion = rt.spawn(async move { k2.command(&p2, req).await });
+        let motion = rt.spawn(async move {
+            k2.command(&p2, req, tether_kernel::CommandOptions::plain())
+                .await
+                .map(tether_kernel::Answer::into_value)
+        });
         std::thread::sleep(Duration::from_millis(30));
         tether_kernel::governed::trip_in_store(&other, Some("arm-1"), "bench", "bench")
             .expect("trip");

@@ -15,7 +15,10 @@ use crate::loader::BindingSpec;
 use crate::policy::PolicyStep;
 use crate::rider::{Boarded, Rider};
 use crate::session::{Session, SessionFault};
-use crate::{ApiError, CommandRequest, GrantRequest, Hooks, ReadRequest, SessionOpen};
+use crate::{
+    ApiError, CommandOptions, CommandRequest, GrantRequest, ReadRequest, Route, SessionOpen,
+    DEADLINE_MS_MAX,
+};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -456,43 +459,13 @@ impl Kernel {
 
     // ----- writes ---------------------------------------------------------
 
-    /// `mhs.resource.write`: a command of the resource's configure binding.
+    /// A write (`Route::Write`) is a command of the resource's configure
+    /// binding: checks the resource has one and names it.
     ///
     /// # Errors
-    /// Session errors; `NOT_WRITABLE` when the resource has no configure binding
-    /// or another class is named.
-    pub async fn write(&self, p: &Principal, req: CommandRequest) -> Result<Value, ApiError> {
-        self.write_cancellable(p, req, CancelToken::new()).await
-    }
-
-    /// `write` with a cancellation token the caller keeps (see
-    /// [`Kernel::command_cancellable`]).
-    ///
-    /// # Errors
-    /// As `write`.
-    pub async fn write_cancellable(
-        &self,
-        p: &Principal,
-        req: CommandRequest,
-        cancel: CancelToken,
-    ) -> Result<Value, ApiError> {
-        self.write_answer(p, req, cancel, Hooks::default())
-            .await
-            .map(Answer::into_value)
-    }
-
-    /// `write_cancellable` answering (and signalling admission) as
-    /// [`Kernel::command_answer`] does.
-    ///
-    /// # Errors
-    /// As `write`.
-    pub async fn write_answer(
-        &self,
-        p: &Principal,
-        mut req: CommandRequest,
-        cancel: CancelToken,
-        hooks: Hooks,
-    ) -> Result<Answer, ApiError> {
+    /// `RESOURCE.UNKNOWN`; `NOT_WRITABLE` when the resource has no configure
+    /// binding or another class is named.
+    fn write_route(&self, req: &mut CommandRequest) -> Result<(), ApiError> {
         let dev = self.device(&req.device_id)?;
         let resource = req
             .resource
@@ -525,60 +498,35 @@ impl Kernel {
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
-        self.command_answer(p, req, cancel, hooks).await
+        Ok(())
     }
 
     // ----- commands -------------------------------------------------------
 
-    /// `mhs.command`: the whole evaluation order; answers a receipt, also when
-    /// refused.
+    /// `mhs.command` and `mhs.resource.write`: the whole evaluation order.
+    /// Answers a receipt, also when refused; with its canonical text when it
+    /// has one (see [`Answer`]), so a dispatched command's receipt is written
+    /// once and never built as a value. `options` carry the caller's cancel
+    /// token, admission signal and rider (see [`CommandOptions`]).
     ///
     /// # Errors
-    /// Protocol-level refusals only (session, device, params); every refusal
-    /// inside the order is a rejected receipt.
-    pub async fn command(&self, p: &Principal, req: CommandRequest) -> Result<Value, ApiError> {
-        self.command_cancellable(p, req, CancelToken::new()).await
-    }
-
-    /// `command` with a cancellation token the caller keeps, so it can cancel
-    /// the command before its operation id is known (the REST gateway answers
-    /// before dispatch). Cancelled before dispatch, the command is refused
-    /// (`MHS.OUTCOME.CANCELLED`, nothing dispatched); after, cancellation is
-    /// cooperative as for any operation. Stop-class and safe-state commands
-    /// ignore the token: a stop is never cancelled.
-    ///
-    /// # Errors
-    /// As `command`.
-    pub async fn command_cancellable(
+    /// Protocol-level refusals only (session, device, params, a write to a
+    /// resource that cannot be written); every refusal inside the order is
+    /// a rejected receipt.
+    pub async fn command(
         &self,
         p: &Principal,
-        req: CommandRequest,
-        cancel: CancelToken,
-    ) -> Result<Value, ApiError> {
-        self.command_answer(p, req, cancel, Hooks::default())
-            .await
-            .map(Answer::into_value)
-    }
-
-    /// `command_cancellable` answering with the receipt's canonical text
-    /// when it has one (see [`Answer`]): the path the surfaces take, so a
-    /// dispatched command's receipt is written once and never built as a
-    /// value. `on_admit`, when given, fires once the command has passed
-    /// steps 2 to 11 and goes on to dispatch; a command refused before that
-    /// (or answered by a replay) drops it unfired. It lets a surface that
-    /// answers before the outcome (the REST gateway's 202) tell an admitted
-    /// command from a refused one by the real evaluation, not a dry run.
-    ///
-    /// # Errors
-    /// As `command`.
-    pub async fn command_answer(
-        &self,
-        p: &Principal,
-        req: CommandRequest,
-        cancel: CancelToken,
-        hooks: Hooks,
+        mut req: CommandRequest,
+        options: CommandOptions,
     ) -> Result<Answer, ApiError> {
-        let Hooks { on_admit, rider } = hooks;
+        if req.route == Route::Write {
+            self.write_route(&mut req)?;
+        }
+        let CommandOptions {
+            cancel,
+            on_admit,
+            rider,
+        } = options;
         let t0 = Instant::now();
         let accepted_at_ms = now_ms();
         // An id the endpoint mints is new by construction (a ULID: time plus
@@ -604,10 +552,7 @@ impl Kernel {
         // Step 2a: a live session of the caller (grant checked after resolution).
         self.check_grant(p, req.session_id.as_deref(), |_| true, json!({}))?;
         let digest = canonical::digest(&req.input);
-        let deadline = t0
-            + req
-                .deadline
-                .unwrap_or(Duration::from_millis(self.inner.config.default_deadline_ms));
+        let deadline = self.deadline_from(t0, req.deadline)?;
         let early = |code: Code, message: String, details: Value| {
             Ctx {
                 device: d,
@@ -767,6 +712,27 @@ impl Kernel {
                 Ok(self.reject_binding(&ctx, refusal).await.into())
             }
         }
+    }
+
+    /// When a command arriving at `t0` must be done: its own deadline (at
+    /// most [`DEADLINE_MS_MAX`]) or the configured default.
+    ///
+    /// # Errors
+    /// A deadline longer than [`DEADLINE_MS_MAX`], or one the clock cannot
+    /// represent.
+    fn deadline_from(&self, t0: Instant, asked: Option<Duration>) -> Result<Instant, ApiError> {
+        let budget = asked.unwrap_or(Duration::from_millis(self.inner.config.default_deadline_ms));
+        let invalid = || {
+            ApiError::new(
+                Code::ProtocolInvalidParams,
+                format!("deadline_ms must be between 1 and {DEADLINE_MS_MAX}"),
+                json!({"reason": "deadline_invalid"}),
+            )
+        };
+        if asked.is_some_and(|d| d.as_millis() > u128::from(DEADLINE_MS_MAX)) {
+            return Err(invalid());
+        }
+        t0.checked_add(budget).ok_or_else(invalid)
     }
 
     /// The `command_id` of an open hold (pending, or approved and unused)

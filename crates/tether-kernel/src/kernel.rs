@@ -516,11 +516,6 @@ impl Kernel {
             .collect()
     }
 
-    /// The store (for surfaces that tail evidence).
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
-    }
-
     /// Commits and waits (asynchronously) until durable.
     pub(crate) async fn commit(&self, commit: Commit) -> Result<CommitAck, StoreError> {
         // Given up to the store, which moves what it can instead of copying.

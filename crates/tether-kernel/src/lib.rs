@@ -30,6 +30,7 @@ mod fields;
 pub mod governed;
 mod grants;
 mod idempotency;
+mod invocations;
 mod kernel;
 pub mod lease;
 pub mod loader;
@@ -83,22 +84,46 @@ impl ApiError {
     }
 }
 
-/// `mhs.command` (and, with `via_write`, `mhs.resource.write`).
+/// Longest deadline a caller may give a command, ms (one day). The surfaces
+/// refuse a longer `deadline_ms`; the kernel refuses a longer `deadline`.
+pub const DEADLINE_MS_MAX: u64 = 86_400_000;
+
+/// A caller's `deadline_ms` as a deadline, or `None` when it is outside
+/// `1..=DEADLINE_MS_MAX`.
+pub fn deadline_from_ms(ms: u64) -> Option<Duration> {
+    (1..=DEADLINE_MS_MAX)
+        .contains(&ms)
+        .then(|| Duration::from_millis(ms))
+}
+
+/// Which method a command came through; it decides how its binding is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `mhs.command` (and a tool call): the named capability of the device.
+    Command,
+    /// `mhs.resource.write`: the `cap.device.configure.v1` binding of the
+    /// named resource (a configure command).
+    Write,
+}
+
+/// `mhs.command` and `mhs.resource.write`.
 #[derive(Debug, Clone)]
 pub struct CommandRequest {
+    /// Which method: decides how the binding is found.
+    pub route: Route,
     /// Session.
     pub session_id: Option<String>,
     /// Device.
     pub device_id: String,
-    /// Capability id.
+    /// Capability id (for a write: empty or `cap.device.configure.v1`).
     pub capability_id: String,
-    /// Resource (required when the class is bound to several).
+    /// Resource (required when the class is bound to several, and for a write).
     pub resource: Option<String>,
-    /// Input.
+    /// Input (for a write: the patch).
     pub input: Value,
     /// Idempotency key; minted when absent.
     pub command_id: Option<String>,
-    /// Time budget from arrival.
+    /// Time budget from arrival, at most [`DEADLINE_MS_MAX`].
     pub deadline: Option<Duration>,
     /// Optimistic concurrency.
     pub expected_revision: Option<u64>,
@@ -109,10 +134,16 @@ pub struct CommandRequest {
     pub permit_id: Option<String>,
 }
 
-/// What a surface that answers before a command's outcome (the REST
-/// gateway's 202) hands the kernel along with the command.
-#[derive(Debug, Default)]
-pub struct Hooks {
+/// What a surface hands the kernel along with a command, beside the request.
+#[derive(Debug)]
+pub struct CommandOptions {
+    /// The command's cancellation: the surface keeps a clone to cancel it
+    /// before its operation id is known (the REST gateway answers before
+    /// dispatch). Cancelled before dispatch, the command is refused
+    /// (`MHS.OUTCOME.CANCELLED`, nothing dispatched); after, cancellation is
+    /// cooperative as for any operation. Stop-class and safe-state commands
+    /// ignore it: a stop is never cancelled.
+    pub cancel: CancelToken,
     /// Fires once the command has passed steps 2 to 11 and goes on to
     /// dispatch; dropped unfired when it is refused before that (or answered
     /// by a replay). Tells an admitted command from a refused one by the real
@@ -121,6 +152,34 @@ pub struct Hooks {
     /// A record of the surface's to write in the command's first durable
     /// commit (see [`Rider`]).
     pub rider: Option<Rider>,
+}
+
+impl CommandOptions {
+    /// No token kept by the caller, no admission signal, no rider: a caller
+    /// that waits for the answer and never cancels.
+    pub fn plain() -> Self {
+        Self::cancellable(CancelToken::new())
+    }
+
+    /// The caller keeps `cancel` (a clone of it) to cancel the command.
+    pub fn cancellable(cancel: CancelToken) -> Self {
+        Self {
+            cancel,
+            on_admit: None,
+            rider: None,
+        }
+    }
+}
+
+/// The store could not make a record durable or read it back; the text is
+/// the store's reason. A surface reports it; it never retries an effect on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvidenceFault(pub String);
+
+impl std::fmt::Display for EvidenceFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// `mhs.resource.read`.

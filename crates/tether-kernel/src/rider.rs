@@ -9,20 +9,22 @@
 //! receipt or the refusal. A command that does not reach a commit soon (a
 //! long simulated motion commits only when it ends) would hold the 202 back,
 //! so the surface may instead [`Rider::submit_alone`]: whichever side takes
-//! the rider first writes it, exactly once.
+//! the rider first writes it, exactly once. Only the kernel makes a rider
+//! (`Kernel::invocation_rider`), so a surface never composes chain entries.
 //!
 //! Ordering: the rider's events go before the command's own in the commit,
 //! and a rider submitted alone is queued while its lock is held, so the
 //! kernel's later commit (which finds the slot empty) is queued after it.
 //! Either way the chain records the invocation before what the command did.
 
+use crate::EvidenceFault;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tether_store::{Commit, CommitAck, Store, StoreError};
 use tokio::sync::{oneshot, Notify};
 
 /// The outcome the surface waits for: the rider's commit became durable
 /// (`Ok`) or failed (`Err`, the store's reason).
-pub type RiderOutcome = Result<(), StoreError>;
+pub type RiderOutcome = Result<(), EvidenceFault>;
 
 /// A record waiting to ride in a command's first commit. Cheap to clone (one
 /// shared slot).
@@ -32,6 +34,8 @@ pub struct Rider {
 }
 
 struct Inner {
+    /// Where a rider submitted alone goes.
+    store: Arc<dyn Store>,
     /// The parts and who to tell, until someone takes them.
     slot: Mutex<Option<(Commit, oneshot::Sender<RiderOutcome>)>>,
     /// Signalled when the kernel takes the rider into a commit of its own.
@@ -53,9 +57,12 @@ impl Boarded {
     /// Tells the surface how the commit the rider was in ended.
     pub(crate) fn land(self, outcome: &Result<CommitAck, StoreError>) {
         // The surface may have stopped waiting (its client went away).
-        let _ = self
-            .0
-            .send(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
+        let _ = self.0.send(
+            outcome
+                .as_ref()
+                .map(|_| ())
+                .map_err(|e| EvidenceFault(e.to_string())),
+        );
     }
 
     /// [`Boarded::land`] for a commit that may not have carried a rider.
@@ -67,12 +74,16 @@ impl Boarded {
 }
 
 impl Rider {
-    /// A rider carrying `parts` (events and rows of the surface's own), and
-    /// the receiver that learns when they are durable.
-    pub fn new(parts: Commit) -> (Self, oneshot::Receiver<RiderOutcome>) {
+    /// A rider carrying `parts` (events and rows of the surface's own) to
+    /// `store`, and the receiver that learns when they are durable.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        parts: Commit,
+    ) -> (Self, oneshot::Receiver<RiderOutcome>) {
         let (tx, rx) = oneshot::channel();
         let rider = Self {
             inner: Arc::new(Inner {
+                store,
                 slot: Mutex::new(Some((parts, tx))),
                 boarded: Notify::new(),
             }),
@@ -93,19 +104,19 @@ impl Rider {
     }
 
     /// If nobody has taken the rider yet, queues it as a commit of its own
-    /// on `store` and answers `true`; its receiver then learns the outcome.
-    /// `false`: it is (or was) in a kernel commit already.
-    pub fn submit_alone(&self, store: &dyn Store) -> bool {
+    /// and answers `true`; its receiver then learns the outcome. `false`: it
+    /// is (or was) in a kernel commit already.
+    pub fn submit_alone(&self) -> bool {
         let mut slot = self.lock();
         let Some((parts, tx)) = slot.take() else {
             return false;
         };
         // Queued under the lock: a kernel commit built after this finds the
         // slot empty and is queued behind the rider.
-        store.submit(
+        self.inner.store.submit(
             parts,
             Box::new(move |r| {
-                let _ = tx.send(r.map(|_| ()));
+                let _ = tx.send(r.map(|_| ()).map_err(|e| EvidenceFault(e.to_string())));
             }),
         );
         true
@@ -186,7 +197,8 @@ mod tests {
 
     #[test]
     fn a_boarded_rider_goes_first_and_the_receipt_reference_follows_its_entry() {
-        let (rider, _rx) = Rider::new(rider_parts());
+        let store = Arc::new(tether_store::MemoryStore::new());
+        let (rider, _rx) = Rider::new(store, rider_parts());
         let mut commit = Commit {
             events: vec![event("command.receipt")],
             receipts: vec![ReceiptRef {
@@ -209,10 +221,10 @@ mod tests {
 
     #[test]
     fn a_rider_is_written_once_whoever_takes_it() {
-        let store = tether_store::MemoryStore::new();
-        let (rider, rx) = Rider::new(rider_parts());
-        assert!(rider.submit_alone(&store));
-        assert!(!rider.submit_alone(&store), "never twice");
+        let store = Arc::new(tether_store::MemoryStore::new());
+        let (rider, rx) = Rider::new(store.clone(), rider_parts());
+        assert!(rider.submit_alone());
+        assert!(!rider.submit_alone(), "never twice");
         let mut commit = Commit::default();
         assert!(
             rider.board(&mut commit).is_none(),

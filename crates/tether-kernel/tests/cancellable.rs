@@ -24,6 +24,7 @@ async fn session(k: &Kernel, p: &Principal) -> String {
 
 fn request(sid: &str, capability_id: &str, input: Value) -> CommandRequest {
     CommandRequest {
+        route: tether_kernel::Route::Command,
         session_id: Some(sid.into()),
         device_id: "arm-1".into(),
         capability_id: capability_id.into(),
@@ -50,8 +51,13 @@ async fn a_command_cancelled_before_dispatch_is_refused_and_moves_nothing() {
         json!({"joints": [1.0, 0, 0, 0, 0, 0], "speed": 0.5}),
     );
     let r = k
-        .command_cancellable(&p, move_to, cancel)
+        .command(
+            &p,
+            move_to,
+            tether_kernel::CommandOptions::cancellable(cancel),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(r["status"], "rejected", "{r}");
     assert_eq!(r["error"]["mhs_code"], "MHS.OUTCOME.CANCELLED", "{r}");
@@ -68,8 +74,13 @@ async fn a_stop_class_command_ignores_a_cancelled_token() {
     let cancel = CancelToken::new();
     cancel.cancel();
     let r = k
-        .command_cancellable(&p, request(&sid, "cap.motion.stop.v1", json!({})), cancel)
+        .command(
+            &p,
+            request(&sid, "cap.motion.stop.v1", json!({})),
+            tether_kernel::CommandOptions::cancellable(cancel),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(r["status"], "completed", "{r}");
 }
@@ -92,16 +103,12 @@ async fn the_admission_signal_fires_for_an_admitted_command_only() {
     );
     let (k2, p2) = (k.clone(), p.clone());
     let run = tokio::spawn(async move {
-        k2.command_answer(
-            &p2,
-            motion,
-            CancelToken::new(),
-            tether_kernel::Hooks {
-                on_admit: Some(tx),
-                rider: None,
-            },
-        )
-        .await
+        let options = tether_kernel::CommandOptions {
+            cancel: CancelToken::new(),
+            on_admit: Some(tx),
+            rider: None,
+        };
+        k2.command(&p2, motion, options).await
     });
     rx.await.expect("an admitted command signals");
     assert!(!run.is_finished(), "signalled before the motion ended");
@@ -117,11 +124,11 @@ async fn the_admission_signal_fires_for_an_admitted_command_only() {
         json!({"joints": [99.0, 0, 0, 0, 0, 0], "speed": 1.0}),
     );
     let r = k
-        .command_answer(
+        .command(
             &p,
             too_far,
-            CancelToken::new(),
-            tether_kernel::Hooks {
+            tether_kernel::CommandOptions {
+                cancel: CancelToken::new(),
                 on_admit: Some(tx),
                 rider: None,
             },

@@ -198,6 +198,7 @@ async fn rig() -> Rig {
 impl Rig {
     fn req(&self, cap: &str, input: Value) -> CommandRequest {
         CommandRequest {
+            route: tether_kernel::Route::Command,
             session_id: Some(self.session.clone()),
             device_id: "rig-1".into(),
             capability_id: cap.into(),
@@ -211,7 +212,11 @@ impl Rig {
         }
     }
     async fn run(&self, req: CommandRequest) -> Value {
-        self.kernel.command(&self.p, req).await.expect("receipt")
+        self.kernel
+            .command(&self.p, req, tether_kernel::CommandOptions::plain())
+            .await
+            .map(tether_kernel::Answer::into_value)
+            .expect("receipt")
     }
     async fn revision(&self) -> u64 {
         let r = self

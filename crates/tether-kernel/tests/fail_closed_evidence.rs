@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tether_kernel::loader::{load, ManifestSource};
 use tether_kernel::{
-    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Hooks, Kernel,
-    KernelConfig, Principal, Rider, SessionOpen, Signal,
+    Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, KernelConfig,
+    Principal, SessionOpen, Signal,
 };
 use tether_store::faulty::FaultyStore;
 use tether_store::{Commit, EventDraft, MemoryStore, OpenOp, SqliteStore, Store};
@@ -138,6 +138,7 @@ async fn rig_on(inner: Arc<dyn Store>) -> Rig {
 impl Rig {
     fn spin(&self, rpm: f64, id: Option<&str>) -> CommandRequest {
         CommandRequest {
+            route: tether_kernel::Route::Command,
             session_id: Some(self.sid.clone()),
             device_id: "cnc-1".into(),
             capability_id: "x-cap.test.spin.v1".into(),
@@ -151,7 +152,11 @@ impl Rig {
         }
     }
     async fn run(&self, r: CommandRequest) -> Value {
-        self.k.command(&self.p, r).await.expect("receipt")
+        self.k
+            .command(&self.p, r, tether_kernel::CommandOptions::plain())
+            .await
+            .map(tether_kernel::Answer::into_value)
+            .expect("receipt")
     }
 }
 
@@ -179,20 +184,17 @@ async fn spin_with_rider(
     Value,
     tokio::sync::oneshot::Receiver<tether_kernel::RiderOutcome>,
 ) {
-    let (rider, outcome) = Rider::new(Commit {
-        events: vec![EventDraft {
-            kind: "invocation.accepted".into(),
-            body: json!({"invocation_id": id}).into(),
-        }],
-        ..Commit::default()
-    });
-    let hooks = Hooks {
+    let record = tether_core::canonical::CanonicalText::of_value(&json!({"invocation_id": id}), 4)
+        .expect("record");
+    let (rider, outcome) = rig.k.invocation_rider(id, record);
+    let options = tether_kernel::CommandOptions {
+        cancel: CancelToken::new(),
         on_admit: None,
         rider: Some(rider),
     };
     let answer = rig
         .k
-        .command_answer(&rig.p, rig.spin(100.0, None), CancelToken::new(), hooks)
+        .command(&rig.p, rig.spin(100.0, None), options)
         .await
         .expect("answer")
         .into_value();

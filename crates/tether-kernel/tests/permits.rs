@@ -76,6 +76,7 @@ async fn rig(mode: &str) -> (Kernel, Principal, String) {
 
 fn mix(sid: &str, rpm: f64, permit: Option<&str>) -> CommandRequest {
     CommandRequest {
+        route: tether_kernel::Route::Command,
         session_id: Some(sid.into()),
         device_id: "mixer-1".into(),
         capability_id: "x-cap.test.mix.v1".into(),
@@ -98,8 +99,13 @@ async fn a_permit_is_single_use_and_bound_to_the_exact_input_session_and_binding
         .expect("permit");
     let id = permit["permit_id"].as_str().expect("id").to_owned();
     let other = k
-        .command(&p, mix(&sid, 101.0, Some(&id)))
+        .command(
+            &p,
+            mix(&sid, 101.0, Some(&id)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(other["error"]["mhs_code"], "MHS.SAFETY.PERMIT_INVALID");
     assert_eq!(other["error"]["details"]["reason"], "other_input");
@@ -111,22 +117,37 @@ async fn a_permit_is_single_use_and_bound_to_the_exact_input_session_and_binding
         .expect("sid")
         .to_owned();
     let wrong_session = k
-        .command(&p, mix(&sid2, 100.0, Some(&id)))
+        .command(
+            &p,
+            mix(&sid2, 100.0, Some(&id)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(
         wrong_session["error"]["details"]["reason"],
         "other_session_or_principal"
     );
     assert_eq!(
-        k.command(&p, mix(&sid, 100.0, Some(&id)))
-            .await
-            .expect("receipt")["status"],
+        k.command(
+            &p,
+            mix(&sid, 100.0, Some(&id)),
+            tether_kernel::CommandOptions::plain()
+        )
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt")["status"],
         "completed"
     );
     let reused = k
-        .command(&p, mix(&sid, 100.0, Some(&id)))
+        .command(
+            &p,
+            mix(&sid, 100.0, Some(&id)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(reused["error"]["details"]["reason"], "used");
 }
@@ -143,12 +164,21 @@ async fn a_permit_consumed_by_a_command_refused_before_dispatch_is_given_back() 
         .to_owned();
     let mut stale = mix(&sid, 100.0, Some(&id));
     stale.expected_revision = Some(42);
-    let refused = k.command(&p, stale).await.expect("receipt");
+    let refused = k
+        .command(&p, stale, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(refused["error"]["mhs_code"], "MHS.CONFLICT.REVISION");
     assert_eq!(
-        k.command(&p, mix(&sid, 100.0, Some(&id)))
-            .await
-            .expect("receipt")["status"],
+        k.command(
+            &p,
+            mix(&sid, 100.0, Some(&id)),
+            tether_kernel::CommandOptions::plain()
+        )
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt")["status"],
         "completed",
         "the permit was given back"
     );
@@ -181,8 +211,13 @@ async fn an_estop_revokes_the_devices_permits() {
     .await
     .expect("reset");
     let r = k
-        .command(&p, mix(&sid, 100.0, Some(&id)))
+        .command(
+            &p,
+            mix(&sid, 100.0, Some(&id)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(r["error"]["details"]["reason"], "unknown", "{r}");
 }
@@ -192,8 +227,13 @@ async fn hardware_at_r2_needs_a_permit_that_the_requester_cannot_grant_itself() 
     // The default policy holds hardware R2 actions: the hold is the approval route.
     let (k, p, sid) = rig("hardware").await;
     let r = k
-        .command(&p, mix(&sid, 100.0, None))
+        .command(
+            &p,
+            mix(&sid, 100.0, None),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(r["error"]["mhs_code"], "MHS.POLICY.HELD", "{r}");
     assert_eq!(
@@ -242,7 +282,11 @@ async fn without_a_permit_the_command_takes_the_approval_route_and_resumes_once(
     let (k, p, sid) = permissive_rig().await;
     let mut req = mix(&sid, 120.0, None);
     req.command_id = Some("mix-approved-1".into());
-    let r = k.command(&p, req.clone()).await.expect("receipt");
+    let r = k
+        .command(&p, req.clone(), tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(
         r["error"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
         "{r}"
@@ -281,21 +325,33 @@ async fn without_a_permit_the_command_takes_the_approval_route_and_resumes_once(
     // Another input under the same command id is not covered.
     let mut other = mix(&sid, 130.0, None);
     other.command_id = Some("mix-approved-1".into());
-    let r = k.command(&p, other).await.expect("receipt");
+    let r = k
+        .command(&p, other, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(
         r["error"]["mhs_code"], "MHS.SAFETY.APPROVAL_REQUIRED",
         "{r}"
     );
     assert_ne!(r["error"]["details"]["approval_id"], json!(id));
 
-    let done = k.command(&p, req.clone()).await.expect("receipt");
+    let done = k
+        .command(&p, req.clone(), tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["approval_id"], json!(id));
     assert_eq!(
         k.approvals_get(&human("op", true), &id).expect("get")["status"],
         "used"
     );
-    let replay = k.command(&p, req).await.expect("receipt");
+    let replay = k
+        .command(&p, req, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(replay["replayed"], true, "{replay}");
 }
 
@@ -304,7 +360,11 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
     let (k, p, sid) = permissive_rig().await;
     let mut req = mix(&sid, 50.0, None);
     req.command_id = Some("mix-latched".into());
-    let r = k.command(&p, req.clone()).await.expect("receipt");
+    let r = k
+        .command(&p, req.clone(), tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     let id = r["error"]["details"]["approval_id"]
         .as_str()
         .expect("approval id")
@@ -316,7 +376,11 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
     // policy step; the approval is given back, not spent.
     let mut stale = req.clone();
     stale.expected_revision = Some(12_345);
-    let r = k.command(&p, stale).await.expect("receipt");
+    let r = k
+        .command(&p, stale, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(r["error"]["mhs_code"], "MHS.CONFLICT.REVISION", "{r}");
     assert_eq!(
         k.approvals_get(&human("op", true), &id).expect("get")["status"],
@@ -333,7 +397,11 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
         deadline: None,
     })
     .await;
-    let r = k.command(&p, req).await.expect("receipt");
+    let r = k
+        .command(&p, req, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(r["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED", "{r}");
     assert_eq!(
         k.approvals_get(&human("op", true), &id).expect("get")["status"],

@@ -13,10 +13,11 @@ mod common;
 
 use serde_json::{json, Value};
 use std::sync::Arc;
+use tether_core::canonical::CanonicalText;
 use tether_kernel::{
-    CancelToken, CommandRequest, Hooks, Kernel, Principal, Rider, RiderOutcome, SessionOpen,
+    CancelToken, CommandRequest, Kernel, Principal, Rider, RiderOutcome, SessionOpen,
 };
-use tether_store::{Commit, EventDraft, MemoryStore, Store};
+use tether_store::{MemoryStore, Store};
 use tokio::sync::oneshot;
 
 struct Rig {
@@ -52,6 +53,7 @@ async fn rig() -> Rig {
 impl Rig {
     fn setpoint(&self, degc: f64, command_id: Option<&str>) -> CommandRequest {
         CommandRequest {
+            route: tether_kernel::Route::Command,
             session_id: Some(self.sid.clone()),
             device_id: "thermostat-1".into(),
             capability_id: "cap.thermal.setpoint.v1".into(),
@@ -72,20 +74,16 @@ impl Rig {
         req: CommandRequest,
         id: &str,
     ) -> (Value, Rider, oneshot::Receiver<RiderOutcome>) {
-        let (rider, outcome) = Rider::new(Commit {
-            events: vec![EventDraft {
-                kind: "invocation.accepted".into(),
-                body: json!({"invocation_id": id}).into(),
-            }],
-            ..Commit::default()
-        });
-        let hooks = Hooks {
+        let record = CanonicalText::of_value(&json!({"invocation_id": id}), 4).expect("record");
+        let (rider, outcome) = self.k.invocation_rider(id, record);
+        let options = tether_kernel::CommandOptions {
+            cancel: CancelToken::new(),
             on_admit: None,
             rider: Some(rider.clone()),
         };
         let answer = self
             .k
-            .command_answer(&self.p, req, CancelToken::new(), hooks)
+            .command(&self.p, req, options)
             .await
             .expect("answer")
             .into_value();
@@ -124,7 +122,7 @@ async fn a_simulated_command_records_the_rider_and_its_receipt_in_one_commit() {
         ["invocation.accepted", "command.receipt"]
     );
     // Taken: the surface has nothing left to write.
-    assert!(!rider.submit_alone(rig.store.as_ref()));
+    assert!(!rider.submit_alone());
     // The receipt is stored under its command id, found through the index
     // even though the rider's entry came first in the commit.
     let id = r["command_id"].as_str().expect("id");
@@ -144,7 +142,7 @@ async fn a_refused_command_carries_the_rider_in_its_rejection_commit() {
         rig.tail_kinds(2),
         ["invocation.accepted", "command.rejected"]
     );
-    assert!(!rider.submit_alone(rig.store.as_ref()));
+    assert!(!rider.submit_alone());
 }
 
 #[tokio::test]
@@ -153,8 +151,13 @@ async fn a_replay_makes_no_commit_so_the_rider_is_left_for_the_surface() {
     let id = "01J00000000000000000000042";
     let first = rig
         .k
-        .command(&rig.p, rig.setpoint(31.0, Some(id)))
+        .command(
+            &rig.p,
+            rig.setpoint(31.0, Some(id)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("first");
     assert_eq!(first["status"], "completed", "{first}");
     let before = rig.commits();
@@ -163,7 +166,7 @@ async fn a_replay_makes_no_commit_so_the_rider_is_left_for_the_surface() {
         .await;
     assert_eq!(r["replayed"], true, "{r}");
     assert_eq!(rig.commits(), before, "a replay commits nothing");
-    assert!(rider.submit_alone(rig.store.as_ref()), "still waiting");
+    assert!(rider.submit_alone(), "still waiting");
     assert_eq!(outcome.await.expect("told"), Ok(()));
     assert_eq!(rig.tail_kinds(1), ["invocation.accepted"]);
 }

@@ -26,6 +26,7 @@ fn operator() -> Principal {
 
 fn park(sid: &str, grant: Option<&str>) -> CommandRequest {
     CommandRequest {
+        route: tether_kernel::Route::Command,
         session_id: Some(sid.into()),
         device_id: "arm-1".into(),
         capability_id: "cap.motion.park.v1".into(),
@@ -56,7 +57,15 @@ async fn an_operator_grant_lets_exactly_one_park_run_while_latched() {
         ..EstopRequest::default()
     })
     .await;
-    let refused = k.command(&agent, park(&sid, None)).await.expect("receipt");
+    let refused = k
+        .command(
+            &agent,
+            park(&sid, None),
+            tether_kernel::CommandOptions::plain(),
+        )
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(refused["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED");
     // A model can never grant.
     let denied = k
@@ -80,13 +89,23 @@ async fn an_operator_grant_lets_exactly_one_park_run_while_latched() {
     let gid = g["grant_id"].as_str().expect("id").to_owned();
     assert_eq!(g["single_use"], true);
     let ok = k
-        .command(&agent, park(&sid, Some(&gid)))
+        .command(
+            &agent,
+            park(&sid, Some(&gid)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(ok["status"], "completed", "{ok}");
     let again = k
-        .command(&agent, park(&sid, Some(&gid)))
+        .command(
+            &agent,
+            park(&sid, Some(&gid)),
+            tether_kernel::CommandOptions::plain(),
+        )
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect("receipt");
     assert_eq!(
         again["error"]["details"]["reason"], "safe_place_grant_invalid",
@@ -104,7 +123,11 @@ async fn an_operator_grant_lets_exactly_one_park_run_while_latched() {
     let mut mv = park(&sid, g2["grant_id"].as_str());
     mv.capability_id = "cap.motion.move_to.v1".into();
     mv.input = json!({"joints": [0.1, 0, 0, 0, 0, 0]});
-    let r = k.command(&agent, mv).await.expect("receipt");
+    let r = k
+        .command(&agent, mv, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(
         r["error"]["details"]["detail"], "granted for another binding",
         "{r}"

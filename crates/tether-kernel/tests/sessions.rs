@@ -18,6 +18,7 @@ fn kernel() -> Kernel {
 
 fn long_move(sid: &str) -> CommandRequest {
     CommandRequest {
+        route: tether_kernel::Route::Command,
         session_id: Some(sid.into()),
         device_id: "arm-1".into(),
         capability_id: "cap.motion.move_to.v1".into(),
@@ -50,7 +51,11 @@ async fn an_expired_session_cancels_its_running_motion_and_later_use_is_expired(
         .expect("sid")
         .to_owned();
     let t0 = Instant::now();
-    let r = k.command(&p, long_move(&sid)).await.expect("receipt");
+    let r = k
+        .command(&p, long_move(&sid), tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
     assert_eq!(r["status"], "cancelled", "{r}");
     assert!(
         t0.elapsed() < Duration::from_millis(1500),
@@ -74,7 +79,15 @@ async fn closing_a_session_cancels_its_running_motion() {
         .to_owned();
     let k2 = k.clone();
     let (p2, sid2) = (p.clone(), sid.clone());
-    let motion = tokio::spawn(async move { k2.command(&p2, long_move(&sid2)).await });
+    let motion = tokio::spawn(async move {
+        k2.command(
+            &p2,
+            long_move(&sid2),
+            tether_kernel::CommandOptions::plain(),
+        )
+        .await
+        .map(tether_kernel::Answer::into_value)
+    });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let closed = k.session_close(&p, &sid).await.expect("close");
     assert_eq!(
@@ -85,8 +98,9 @@ async fn closing_a_session_cancels_its_running_motion() {
     let r = motion.await.expect("join").expect("receipt");
     assert_eq!(r["status"], "cancelled", "{r}");
     let again = k
-        .command(&p, long_move(&sid))
+        .command(&p, long_move(&sid), tether_kernel::CommandOptions::plain())
         .await
+        .map(tether_kernel::Answer::into_value)
         .expect_err("closed session");
     assert_eq!(again.code.as_str(), "MHS.SESSION.EXPIRED");
 }

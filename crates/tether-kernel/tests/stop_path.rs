@@ -164,6 +164,7 @@ async fn safe_state_actions_run_after_the_native_stop_and_stay_callable_while_la
         .expect("sid")
         .to_owned();
     let cmd = |cap: &str| CommandRequest {
+        route: tether_kernel::Route::Command,
         session_id: Some(sid.clone()),
         device_id: "press-1".into(),
         capability_id: cap.into(),
@@ -176,15 +177,25 @@ async fn safe_state_actions_run_after_the_native_stop_and_stay_callable_while_la
         permit_id: None,
     };
     assert_eq!(
-        k.command(&p, cmd("x-cap.test.hold.v1"))
-            .await
-            .expect("receipt")["status"],
+        k.command(
+            &p,
+            cmd("x-cap.test.hold.v1"),
+            tether_kernel::CommandOptions::plain()
+        )
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt")["status"],
         "completed"
     );
     assert_eq!(
-        k.command(&p, cmd("x-cap.test.press.v1"))
-            .await
-            .expect("receipt")["error"]["mhs_code"],
+        k.command(
+            &p,
+            cmd("x-cap.test.press.v1"),
+            tether_kernel::CommandOptions::plain()
+        )
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt")["error"]["mhs_code"],
         "MHS.SAFETY.ESTOP_ENGAGED"
     );
 }

@@ -13,12 +13,9 @@ use tether_core::catalogue;
 use tether_core::json::parse_strict;
 use tether_core::Code;
 use tether_kernel::{
-    Answer, ApiError, CancelToken, CommandRequest, EstopRequest, GrantRequest, Hooks, Kernel,
-    Principal, ReadRequest, ResetRequest, SessionOpen,
+    deadline_from_ms, Answer, ApiError, CommandOptions, CommandRequest, EstopRequest, GrantRequest,
+    Kernel, Principal, ReadRequest, ResetRequest, Route, SessionOpen, DEADLINE_MS_MAX,
 };
-
-/// Longest deadline a client may ask for, ms.
-const DEADLINE_MS_MAX: u64 = 86_400_000;
 
 /// A JSON-RPC error response.
 pub fn error_response(id: Value, code: Code, message: &str, details: Value) -> Value {
@@ -388,12 +385,13 @@ fn parse<T: DeserializeOwned>(params: Value) -> Result<T, ApiError> {
 fn deadline(ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
     match ms {
         None => Ok(None),
-        Some(ms) if (1..=DEADLINE_MS_MAX).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
-        Some(_) => Err(ApiError::new(
-            Code::ProtocolInvalidParams,
-            "deadline_ms must be between 1 and 86400000",
-            json!({"reason": "deadline_invalid"}),
-        )),
+        Some(ms) => deadline_from_ms(ms).map(Some).ok_or_else(|| {
+            ApiError::new(
+                Code::ProtocolInvalidParams,
+                format!("deadline_ms must be between 1 and {DEADLINE_MS_MAX}"),
+                json!({"reason": "deadline_invalid"}),
+            )
+        }),
     }
 }
 
@@ -631,8 +629,7 @@ fn estop_request(
             deadline: params
                 .get("deadline_ms")
                 .and_then(Value::as_u64)
-                .filter(|ms| (1..=DEADLINE_MS_MAX).contains(ms))
-                .map(Duration::from_millis),
+                .and_then(deadline_from_ms),
         },
         error,
     )
@@ -715,6 +712,7 @@ async fn dispatch(
         "mhs.resource.write" => {
             let q: WriteParams = parse(params)?;
             let req = CommandRequest {
+                route: Route::Write,
                 session_id: q.session_id,
                 device_id: q.device_id,
                 capability_id: q.capability_id.unwrap_or_default(),
@@ -726,13 +724,12 @@ async fn dispatch(
                 safe_place_grant: None,
                 permit_id: None,
             };
-            kernel
-                .write_answer(p, req, CancelToken::new(), Hooks::default())
-                .await
+            kernel.command(p, req, CommandOptions::plain()).await
         }
         "mhs.command" if !is_estop => {
             let q: CommandParams = parse(params)?;
             let req = CommandRequest {
+                route: Route::Command,
                 session_id: q.session_id,
                 device_id: q.device_id,
                 capability_id: q.capability_id,
@@ -744,9 +741,7 @@ async fn dispatch(
                 safe_place_grant: q.safe_place_grant,
                 permit_id: q.permit_id,
             };
-            kernel
-                .command_answer(p, req, CancelToken::new(), Hooks::default())
-                .await
+            kernel.command(p, req, CommandOptions::plain()).await
         }
         _ => dispatch_value(kernel, p, method, params)
             .await
@@ -866,6 +861,7 @@ async fn dispatch_value(
         "mhs.safety.permit" => {
             let q: PermitParams = parse(params)?;
             let req = CommandRequest {
+                route: Route::Command,
                 session_id: q.session_id,
                 device_id: q.device_id,
                 capability_id: q.capability_id,

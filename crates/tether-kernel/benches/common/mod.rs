@@ -40,6 +40,7 @@ pub fn open_session(rt: &tokio::runtime::Runtime, k: &Kernel, p: &Principal) -> 
 /// `cap.thermal.setpoint.v1` on `thermostat-1` to `target` degC.
 pub fn setpoint(session: &str, target: f64) -> CommandRequest {
     CommandRequest {
+        route: tether_kernel::Route::Command,
         session_id: Some(session.to_owned()),
         device_id: "thermostat-1".into(),
         capability_id: "cap.thermal.setpoint.v1".into(),

@@ -34,7 +34,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tether_core::Code;
 use tether_kernel::{
-    ApiError, CommandRequest, EstopRequest, Kernel, Principal, ReadRequest, SessionOpen,
+    Answer, ApiError, CommandOptions, CommandRequest, EstopRequest, Kernel, Principal, ReadRequest,
+    Route, SessionOpen,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -277,7 +278,9 @@ impl TetherMcp {
             Ok(s) => s,
             Err(e) => return render::api_error(&e),
         };
+        let write = tool.kind == ToolKind::Write;
         let mut req = CommandRequest {
+            route: if write { Route::Write } else { Route::Command },
             session_id: Some(sid.clone()),
             device_id: tool.device_id.clone().unwrap_or_default(),
             capability_id: tool.capability_id.clone(),
@@ -301,13 +304,11 @@ impl TetherMcp {
         // the command still finishes and records its receipt.
         let kernel = self.kernel.clone();
         let caller = p.clone();
-        let write = tool.kind == ToolKind::Write;
         let task = self.conn.inflight.spawn(async move {
-            if write {
-                kernel.write(&caller, req).await
-            } else {
-                kernel.command(&caller, req).await
-            }
+            kernel
+                .command(&caller, req, CommandOptions::plain())
+                .await
+                .map(Answer::into_value)
         });
         let call = RunningCall {
             principal: p,

@@ -12,7 +12,7 @@ use tether_core::Code;
 use tether_kernel::ApiError;
 
 use crate::{bytes_response, json_response};
-use tether_store::canonical::{CanonicalText, MembersError};
+use tether_core::canonical::{CanonicalText, MembersError};
 
 /// An error answered with the REST envelope.
 #[derive(Debug)]

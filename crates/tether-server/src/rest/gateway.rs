@@ -13,23 +13,22 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tether_core::canonical;
 use tether_core::catalogue;
 use tether_core::ids::{self, CommandId};
 use tether_core::receipt::now_ms;
 use tether_core::Code;
 use tether_kernel::{
-    ApiError, CancelToken, CommandRequest, EstopRequest, Hooks, Kernel, Principal, ReadRequest,
-    Rider, RiderOutcome, SessionOpen,
+    deadline_from_ms, ApiError, CancelToken, CommandOptions, CommandRequest, EstopRequest,
+    EvidenceFault, Kernel, Principal, ReadRequest, Rider, RiderOutcome, Route, SessionOpen,
+    DEADLINE_MS_MAX,
 };
-use tether_store::canonical::{self, CanonicalText};
-use tether_store::{CanonicalBody, Commit, EventBody, EventDraft, InvocationRef, InvocationRow};
 
-/// Longest deadline an invocation may ask for, ms (as on JSON-RPC).
-const DEADLINE_MS_MAX: u64 = 86_400_000;
 /// The gateway's session lifetime: at least the longest deadline, and renewed
 /// at every invocation, so a session never expires under a running command
 /// (an expiry would cancel it).
 const SESSION_TTL_MS: u64 = 86_400_000;
+const _: () = assert!(SESSION_TTL_MS >= DEADLINE_MS_MAX);
 /// How long an invoke whose command was not admitted waits for its rejected
 /// receipt before answering 202 instead.
 const REFUSAL_WAIT: Duration = Duration::from_secs(2);
@@ -94,11 +93,6 @@ fn internal(what: &str) -> RestError {
         format!("{what} unavailable"),
         json!({"reason": "lock_poisoned"}),
     )
-}
-
-/// An evidence body written from canonical text.
-fn canonical_body(text: CanonicalText) -> EventBody {
-    EventBody::Canonical(CanonicalBody::new(text, None))
 }
 
 impl Gateway {
@@ -230,10 +224,7 @@ impl Gateway {
         if tool.kind == ToolKind::Estop {
             // Nothing about the request may prevent a stop: a non-object input
             // stops every device and an invalid deadline is ignored.
-            let deadline = body
-                .deadline_ms
-                .filter(|ms| (1..=DEADLINE_MS_MAX).contains(ms))
-                .map(Duration::from_millis);
+            let deadline = body.deadline_ms.and_then(deadline_from_ms);
             let input = body.input.unwrap_or_else(|| json!({}));
             if let Some(defect) = estop_input_defect(&input) {
                 // A defective e-stop still stops, every device: which one it
@@ -258,13 +249,12 @@ impl Gateway {
         }
         let deadline = match body.deadline_ms {
             None => None,
-            Some(ms) if (1..=DEADLINE_MS_MAX).contains(&ms) => Some(Duration::from_millis(ms)),
-            Some(_) => {
-                return Err(RestError::invalid(
+            Some(ms) => Some(deadline_from_ms(ms).ok_or_else(|| {
+                RestError::invalid(
                     "deadline_invalid",
-                    "deadline_ms must be between 1 and 86400000",
-                ))
-            }
+                    format!("deadline_ms must be between 1 and {DEADLINE_MS_MAX}"),
+                )
+            })?),
         };
         let command_id = match body.command_id {
             Some(raw) => Some(CommandId::parse(&raw).map_err(|e| {
@@ -277,6 +267,11 @@ impl Gateway {
             ToolKind::Read => self.read(p, tool, &input).await,
             ToolKind::Write | ToolKind::Action => {
                 let mut req = CommandRequest {
+                    route: if tool.kind == ToolKind::Write {
+                        Route::Write
+                    } else {
+                        Route::Command
+                    },
                     session_id: Some(self.session_for(p).await?),
                     device_id: tool.device_id.clone().unwrap_or_default(),
                     capability_id: tool.capability_id.clone(),
@@ -446,19 +441,13 @@ impl Gateway {
         let view = record.write(Form::View { links: true })?;
         let cancel = CancelToken::new();
         let (rider, durable) = self.retain(record, cancel.clone(), cancellable)?;
-        let kind = tool.kind;
         let (admitted, on_admit) = tokio::sync::oneshot::channel();
-        let hooks = Hooks {
+        let options = CommandOptions {
+            cancel: cancel.clone(),
             on_admit: Some(admitted),
             rider: Some(rider.clone()),
         };
-        let run = tokio::spawn(Arc::clone(self).run(
-            p.clone(),
-            kind,
-            req,
-            (cancel.clone(), hooks),
-            inv_id.clone(),
-        ));
+        let run = tokio::spawn(Arc::clone(self).run(p.clone(), req, options, inv_id.clone()));
         // Answer 202 once the command has passed steps 2-11 (it goes on to
         // dispatch) and the invocation is durable; a command refused by them
         // is answered with its refusal once the rejected receipt is recorded.
@@ -466,7 +455,7 @@ impl Gateway {
         // The sender is dropped unanswered only if the store went away.
         let stored = durable
             .await
-            .unwrap_or(Err(tether_store::StoreError::Closed));
+            .unwrap_or_else(|_| Err(EvidenceFault("the store dropped the record".into())));
         if let Some(rejected) = refused {
             if let Err(e) = &stored {
                 tracing::warn!(invocation_id = %inv_id, error = %e, "a refused invocation's record is not durable");
@@ -496,7 +485,7 @@ impl Gateway {
                 .await
                 .is_err()
             {
-                rider.submit_alone(self.kernel.store().as_ref());
+                rider.submit_alone();
             }
             return None;
         }
@@ -506,7 +495,7 @@ impl Gateway {
             _ => {
                 // Replayed (`run` wrote the record alone), or undecided
                 // after the wait: the record goes alone unless taken.
-                rider.submit_alone(self.kernel.store().as_ref());
+                rider.submit_alone();
                 None
             }
         }
@@ -542,29 +531,14 @@ impl Gateway {
             )
             .with_status(StatusCode::SERVICE_UNAVAILABLE));
         }
-        Ok(Rider::new(Commit {
-            events: vec![EventDraft {
-                kind: "invocation.accepted".into(),
-                body: canonical_body(event),
-            }],
-            invocation_refs: vec![InvocationRef {
-                invocation_id: inv_id,
-                event: 0,
-            }],
-            ..Commit::default()
-        }))
+        Ok(self.kernel.invocation_rider(&inv_id, event))
     }
 
     /// The invocation's record could not be made durable: it is not
     /// retained and its command, if under way, is cancelled. A physical or
     /// budgeted command carried the record in its admission commit, so it
     /// was refused before dispatch; a simulated one may have run.
-    fn not_retained(
-        &self,
-        inv_id: &str,
-        cancel: &CancelToken,
-        e: &tether_store::StoreError,
-    ) -> RestError {
+    fn not_retained(&self, inv_id: &str, cancel: &CancelToken, e: &EvidenceFault) -> RestError {
         cancel.cancel();
         let outcome = Outcome::Error(
             json!({"mhs_code": Code::EvidenceUnavailable.as_str(), "message": "not accepted"}),
@@ -585,22 +559,17 @@ impl Gateway {
     async fn run(
         self: Arc<Self>,
         p: Principal,
-        kind: ToolKind,
         req: CommandRequest,
-        (cancel, hooks): (CancelToken, Hooks),
+        options: CommandOptions,
         inv_id: String,
     ) -> Option<Value> {
-        let rider = hooks.rider.clone();
-        let answer = if kind == ToolKind::Write {
-            self.kernel.write_answer(&p, req, cancel, hooks).await
-        } else {
-            self.kernel.command_answer(&p, req, cancel, hooks).await
-        };
+        let rider = options.rider.clone();
+        let answer = self.kernel.command(&p, req, options).await;
         // A command answered without any commit of its own (a replay, a
         // protocol error) leaves the record to be written here, before the
         // record of how it ended.
         if let Some(rider) = rider {
-            rider.submit_alone(self.kernel.store().as_ref());
+            rider.submit_alone();
         }
         let outcome = match answer {
             Ok(receipt) => Outcome::receipt(receipt),
@@ -641,24 +610,7 @@ impl Gateway {
             return;
         };
         // Queued, not awaited: the answer does not depend on it.
-        self.kernel.store().submit(
-            Commit {
-                events: vec![EventDraft {
-                    kind: "invocation.finished".into(),
-                    body: canonical_body(event),
-                }],
-                invocations: vec![InvocationRow {
-                    invocation_id: inv_id.to_owned(),
-                    info: canonical_body(row),
-                }],
-                ..Commit::default()
-            },
-            Box::new(|r| {
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "invocation finish record failed");
-                }
-            }),
-        );
+        self.kernel.record_invocation_finished(inv_id, event, row);
     }
 
     // ----- lifecycle --------------------------------------------------
@@ -699,29 +651,20 @@ impl Gateway {
     /// A record from the store (after a restart or an eviction). A store that
     /// cannot be read refuses rather than guessing.
     fn recover(&self, inv_id: &str) -> Result<Option<Record>, RestError> {
-        let unavailable = |e: tether_store::StoreError| {
+        let unavailable = |e: EvidenceFault| {
             RestError::new(
                 Code::EvidenceUnavailable,
                 "the invocation record cannot be read right now",
                 json!({"reason": "store_unreadable", "store_error": e.to_string()}),
             )
         };
-        let Some(row) = self
-            .kernel
-            .store()
-            .invocation(inv_id)
-            .map_err(unavailable)?
-        else {
+        let Some(info) = self.kernel.invocation_record(inv_id).map_err(unavailable)? else {
             return Ok(None);
         };
-        let info = row.info.into_value();
         let receipt = match info["command_id"].as_str() {
-            Some(cid) if info["status"] == invocations::PENDING => self
-                .kernel
-                .store()
-                .receipt(cid)
-                .map_err(unavailable)?
-                .map(|r| r.receipt),
+            Some(cid) if info["status"] == invocations::PENDING => {
+                self.kernel.stored_receipt(cid).map_err(unavailable)?
+            }
             _ => None,
         };
         Record::recovered(&info, receipt).map(Some).map_err(|member| {
@@ -797,6 +740,7 @@ impl Gateway {
             }
         }
         let req = CommandRequest {
+            route: Route::Command,
             session_id: Some(self.session_for(p).await?),
             device_id: device_id.clone(),
             capability_id: stop.capability_id.clone(),
@@ -808,7 +752,11 @@ impl Gateway {
             safe_place_grant: None,
             permit_id: None,
         };
-        let receipt = self.kernel.command(p, req).await?;
+        let receipt = self
+            .kernel
+            .command(p, req, CommandOptions::plain())
+            .await?
+            .into_value();
         Ok((
             StatusCode::OK,
             json!({"invocation_id": inv_id, "stop_delivered": true, "stop_tool": stop.name, "stop_receipt": receipt,
