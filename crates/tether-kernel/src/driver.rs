@@ -5,7 +5,7 @@
 //! observes cancellation, and returns promptly from `estop`. Every method that
 //! touches a device takes an [`Authorized`] witness only the kernel can mint.
 
-use crate::authorized::Authorized;
+use crate::dispatch::authorized::Authorized;
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;

@@ -11,8 +11,8 @@
 //! **Fail-closed rule:** a read the store cannot answer is an
 //! [`EvidenceFault`], never an empty answer.
 
+use crate::dispatch::rider::{Rider, RiderOutcome};
 use crate::kernel::Kernel;
-use crate::rider::{Rider, RiderOutcome};
 use crate::EvidenceFault;
 use serde_json::Value;
 use tether_core::canonical::CanonicalText;

@@ -6,8 +6,8 @@
 //! then the stop path runs (`stop_path.rs`) and the answer comes within the
 //! device's stop budget. A failed stop path keeps the latch and is retried.
 
-use crate::command::Ctx;
 use crate::kernel::{Kernel, LatchInfo, Principal};
+use crate::order::Ctx;
 use crate::{ApiError, ArmRequest, EstopRequest, ResetRequest};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -477,7 +477,7 @@ impl Kernel {
                 body: json!({"device_id": dev.id(), "reason": reason, "reset_at_ms": reset_at})
                     .into(),
             }],
-            latches: vec![crate::governed::trip_row(
+            latches: vec![crate::safety::governed::trip_row(
                 dev.id(),
                 since,
                 "the latch is kept: a stop engaged while a reset was being made",
@@ -513,7 +513,7 @@ impl Kernel {
         // released by a reset that never saw it: read the shared stop first.
         match self.inner.store.latches() {
             Ok(rows) => {
-                if let Some(ev) = crate::governed::newest_event(&rows, dev.id()) {
+                if let Some(ev) = crate::safety::governed::newest_event(&rows, dev.id()) {
                     if ev.latched && ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst) {
                         return Some(Refusal::new(
                             Code::SafetyResetRefused,
@@ -616,7 +616,7 @@ impl Kernel {
                 kind: "safety.arming".into(),
                 body: json!({"device_id": dev.id(), "armed": req.armed, "was_armed": was, "principal": p.to_json(), "reason": reason}).into(),
             }],
-            latches: vec![crate::governed::arming_row(
+            latches: vec![crate::safety::governed::arming_row(
                 dev.id(),
                 req.armed,
                 json!({"at_ms": at_ms, "by": p.to_json(), "reason": reason}),

@@ -6,7 +6,7 @@
 //! release it. A failed stop path keeps the latch and is retried every
 //! 0.25 s doubling to 5 s, until it succeeds or the device is reset.
 
-use crate::authorized::{Authorized, CallKind};
+use crate::dispatch::authorized::{Authorized, CallKind};
 use crate::driver::CancelToken;
 use crate::kernel::Kernel;
 use serde_json::{json, Value};
@@ -234,7 +234,7 @@ impl Kernel {
                         ),
                     });
                 }
-                if let Err(r) = crate::command::check_interlocks(dev, b) {
+                if let Err(r) = crate::check::interlocks::check_interlocks(dev, b) {
                     return Err(StopFailure {
                         reason: "action_failed",
                         message: format!(
@@ -330,7 +330,7 @@ impl Kernel {
                     dev.stop_confirmed.store(true, Ordering::SeqCst);
                     let receipt = json!({
                         "receipt_id": ids::mint("rcpt_"),
-                        "capability_id": crate::safety::INTERNAL_ESTOP,
+                        "capability_id": crate::safety::estop::INTERNAL_ESTOP,
                         "device_id": dev.id(),
                         "status": "completed",
                         "output": {"latched": true, "confirms": failed_receipt_id, "attempt": attempt},

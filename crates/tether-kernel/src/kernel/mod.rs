@@ -1,10 +1,10 @@
 //! The kernel: devices, sessions, latches, revisions and the store, and the
 //! constructor that restores them after a restart.
 
+use crate::admit::idempotency::Index;
+use crate::admit::session::Sessions;
 use crate::driver::{Driver, InterlockState};
-use crate::idempotency::Index;
 use crate::loader::{BindingSpec, Cell, DeviceSpec};
-use crate::session::Sessions;
 use crate::ApiError;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -237,19 +237,19 @@ pub(crate) struct Inner {
     pub budgets: Mutex<Ledger>,
     pub ops: Mutex<HashMap<String, RunningOp>>,
     /// Outstanding permits.
-    pub permits: Mutex<crate::permits::Permits>,
+    pub permits: Mutex<crate::check::permits::Permits>,
     /// The ControlPolicy (Cedar), validated for this cell.
     pub policy: tether_policy::ControlPolicy,
     /// Approvals (restored from the store at start).
     pub approvals: Mutex<crate::approvals::Approvals>,
     /// Outstanding single-use safe-place grants.
-    pub grants: Mutex<crate::grants::Grants>,
+    pub grants: Mutex<crate::safety::grants::Grants>,
     /// Recently finished operations (bounded), for `mhs.operations.get`.
-    pub finished_ops: Mutex<crate::operations::Finished>,
+    pub finished_ops: Mutex<crate::dispatch::operations::Finished>,
     pub started: Instant,
     pub started_ms: u64,
     /// Governed-stop watcher health.
-    pub stop_watch: crate::governed::WatchHealth,
+    pub stop_watch: crate::safety::governed::WatchHealth,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).
@@ -344,7 +344,7 @@ impl Kernel {
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
         // Orphans first: their receipts must be in the idempotency index.
-        crate::evidence::reconcile_orphans(store.as_ref()).map_err(StartError::Store)?;
+        crate::dispatch::evidence::reconcile_orphans(store.as_ref()).map_err(StartError::Store)?;
         let latches = store.latches().map_err(StartError::Store)?;
         let revisions = store.revisions().map_err(StartError::Store)?;
         let mut devices = Vec::new();
@@ -367,7 +367,7 @@ impl Kernel {
                     .map_or(0, |row| row.revision);
                 revs.insert(r.id.clone(), AtomicU64::new(stored));
             }
-            let newest = crate::governed::newest_event(&latches, &id);
+            let newest = crate::safety::governed::newest_event(&latches, &id);
             let latch = match &newest {
                 Some(ev) if ev.latched => LatchInfo {
                     since_ms: ev.at_ms,
@@ -377,7 +377,7 @@ impl Kernel {
                 _ => LatchInfo::default(),
             };
             let latched_at_start = newest.as_ref().is_some_and(|ev| ev.latched);
-            let stored_arming = crate::governed::arming_of(&latches, &id);
+            let stored_arming = crate::safety::governed::arming_of(&latches, &id);
             let (armed_at_start, arming_ms) = if !spec.manifest.mode.is_physical() {
                 (true, 0)
             } else if config.hardware_armed_at_start {
@@ -434,7 +434,7 @@ impl Kernel {
             }
         }
         let sessions = Sessions::new(config.sessions_max);
-        let policy = crate::policy::load(&config, &devices).map_err(StartError::Policy)?;
+        let policy = crate::check::policy::load(&config, &devices).map_err(StartError::Policy)?;
         let approvals =
             crate::approvals::Approvals::restore(&store.approvals().map_err(StartError::Store)?);
         let kernel = Kernel {
@@ -447,14 +447,14 @@ impl Kernel {
                 idem: Mutex::new(idem),
                 budgets: Mutex::new(ledger),
                 ops: Mutex::new(HashMap::new()),
-                finished_ops: Mutex::new(crate::operations::Finished::default()),
-                grants: Mutex::new(crate::grants::Grants::default()),
-                permits: Mutex::new(crate::permits::Permits::default()),
+                finished_ops: Mutex::new(crate::dispatch::operations::Finished::default()),
+                grants: Mutex::new(crate::safety::grants::Grants::default()),
+                permits: Mutex::new(crate::check::permits::Permits::default()),
                 policy,
                 approvals: Mutex::new(approvals),
                 started: Instant::now(),
                 started_ms: now,
-                stop_watch: crate::governed::WatchHealth::default(),
+                stop_watch: crate::safety::governed::WatchHealth::default(),
             }),
         };
         let devices: Vec<Value> = kernel
@@ -501,6 +501,12 @@ impl Kernel {
                     json!({"device_id": device_id, "devices": self.device_ids()}),
                 )
             })
+    }
+
+    pub(crate) fn unknown_device(&self, id: &str) -> ApiError {
+        self.device(id)
+            .err()
+            .unwrap_or_else(|| ApiError::new(Code::DeviceUnknown, "unknown device", json!({})))
     }
 
     pub(crate) fn device_index(&self, device_id: &str) -> Option<usize> {

@@ -164,7 +164,7 @@ impl Kernel {
     pub(crate) fn check_permit(
         &self,
         permit_id: &str,
-        ctx: &crate::command::Ctx,
+        ctx: &crate::order::Ctx,
         consume: bool,
     ) -> Result<(), Refusal> {
         let invalid = |why: &str| {

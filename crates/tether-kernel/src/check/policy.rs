@@ -5,9 +5,9 @@
 //! either "go on" or a refusal, creating approvals for holds.
 
 use crate::approvals::{Gate, Need};
-use crate::command::Ctx;
 use crate::kernel::{DeviceRt, Kernel, KernelConfig, Principal, PrincipalKind};
 use crate::loader::{BindingSpec, Cell, DeviceSpec};
+use crate::order::Ctx;
 use serde_json::{json, Value};
 use tether_core::catalogue::Verb;
 use tether_core::{Code, Refusal};
@@ -213,7 +213,7 @@ impl Kernel {
         }
         let held = hold && !b.is_stop();
         let needs_permit = ctx.permit_id.is_none()
-            && crate::permits::permit_required(dev.spec.manifest.mode.is_physical(), b);
+            && crate::check::permits::permit_required(dev.spec.manifest.mode.is_physical(), b);
         if !held && !needs_permit {
             return PolicyStep::Go { approval: None };
         }

@@ -1,0 +1,132 @@
+//! A dispatched command's finish: the receipt written once as canonical
+//! text, recorded durably with the revision and the open operation closed,
+//! then the `command_id` completed in the index.
+//!
+//! **Fail-closed rule:** a receipt that cannot be made durable is answered
+//! as such (`x-tether.evidence: not_durable`); for a physical call a smaller
+//! crashed finish is recorded instead, or the resource is held
+//! (`dispatch/evidence.rs`).
+
+use crate::dispatch::answer::Answer;
+use crate::dispatch::receipt::{receipt_event, take_receipt, Admission};
+use crate::kernel::Kernel;
+use crate::loader::BindingSpec;
+use crate::order::Ctx;
+use crate::ApiError;
+use serde_json::{json, Value};
+use tether_core::catalogue::{self};
+use tether_core::{Code, Refusal, Status};
+use tether_store::{Commit, ReceiptRef, RevisionRow};
+
+impl Kernel {
+    pub(crate) async fn finish(
+        &self,
+        ctx: Ctx,
+        b: &BindingSpec,
+        (before, after): (u64, u64),
+        (status, output, error): (Status, Option<Value>, Option<Refusal>),
+        op_id: &str,
+        admission: Admission,
+    ) -> Result<Answer, ApiError> {
+        let dev = &self.inner.devices[ctx.device];
+        let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
+        if status == Status::Rejected {
+            // The device refused before actuating: no side effect, like any refusal.
+            self.abort_idempotent(&ctx.command_id);
+            let refusal =
+                error.unwrap_or_else(|| Refusal::bare(Code::DeviceBusy, "the device refused"));
+            return Ok(self.reject_binding(&ctx, refusal).await.into());
+        }
+        let advances = !b.is_read();
+        let physical = dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b);
+        let mut output = output;
+        if is_configure && status == Status::Completed {
+            output = Some(json!({"applied": ctx.input, "revision": after}));
+        }
+        let latency_us = ctx.t0.elapsed().as_micros() as u64;
+        let mut receipt = self.receipt_base(
+            &ctx,
+            &b.capability_id,
+            Some(&b.resource),
+            status,
+            output,
+            error,
+        );
+        receipt.state_revision_before = Some(before);
+        receipt.state_revision_after = Some(after);
+        receipt.decision = Some("allow");
+        self.note_finished(op_id, ctx.device, &receipt);
+        // The entry is where the receipt is stored (the receipts table only
+        // indexes it). The commit is serialised from a borrow; the answer is
+        // the receipt's canonical text, or on the value path the receipt
+        // taken back out of the commit, so it is never copied as a tree.
+        let (event, text) = receipt_event(&ctx, receipt, latency_us, op_id, admission);
+        let commit = Commit {
+            events: vec![event],
+            receipts: vec![ReceiptRef {
+                command_id: ctx.command_id.clone(),
+                input_digest: ctx.key.clone(),
+                event: 0,
+            }],
+            revisions: if advances {
+                vec![RevisionRow {
+                    device_id: dev.id().to_owned(),
+                    resource: b.resource.clone(),
+                    revision: after,
+                }]
+            } else {
+                Vec::new()
+            },
+            closed_ops: if Kernel::start_is_tracked(dev.spec.manifest.mode, b) {
+                vec![ctx.command_id.clone()]
+            } else {
+                Vec::new()
+            },
+            ..Commit::default()
+        };
+        let (durable, answer) = match text {
+            // The store moves the canonical body in; the answer is the text.
+            Some(text) => (self.commit_for(&ctx, commit).await, Answer::Canonical(text)),
+            None => {
+                let mut commit = commit;
+                let durable = self.commit_ref_for(&ctx, &mut commit).await;
+                (durable, Answer::Value(take_receipt(commit)))
+            }
+        };
+        if let Ok(mut ix) = self.inner.idem.lock() {
+            match &durable {
+                // Stored: a replay reads it back from the store, so the index
+                // keeps only the id and digest.
+                Ok(_) => ix.complete_stored(&ctx.command_id, &ctx.key),
+                // Not stored: the index is the only copy a replay can answer.
+                Err(_) => ix.complete(&ctx.command_id, &ctx.key, answer.clone().into_value()),
+            }
+        }
+        match durable {
+            Ok(_) => Ok(answer),
+            Err(e) => {
+                tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
+                let mut w = answer.into_value();
+                w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
+                if physical {
+                    let held = self
+                        .record_crashed_finish(
+                            ctx.device,
+                            &b.resource,
+                            &ctx.command_id,
+                            op_id,
+                            &ctx.key,
+                            "receipt_not_durable",
+                        )
+                        .await;
+                    w["x-tether"]["finish"] = json!(if held {
+                        "held_unreconciled"
+                    } else {
+                        "crashed_finish_recorded"
+                    });
+                }
+                Ok(w.into())
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! A dispatched command's start: the admission evidence, made durable before
+//! dispatch when the call is physical, long-running or budgeted, and the
+//! governed stop read again right before the driver is called.
+//!
+//! **Fail-closed rule:** a start that cannot be made durable is a refusal
+//! (`started_not_durable`); a stop that cannot be read refuses a physical call.
+
+use crate::kernel::Kernel;
+use crate::loader::BindingSpec;
+use crate::order::Ctx;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use tether_core::{Code, Refusal};
+use tether_store::Commit;
+
+impl Kernel {
+    /// Before a physical call: the watcher is healthy and the store's latch
+    /// rows hold no trip this process has not applied. A stop that cannot be
+    /// read refuses the call.
+    pub(crate) fn reread_governed_stop(&self, d: usize) -> Result<(), Refusal> {
+        let dev = &self.inner.devices[d];
+        let unreadable = |why: String| {
+            Refusal::new(
+                Code::SafetyEstopEngaged,
+                "the governed stop cannot be read, so no physical call may start",
+                json!({"reason": "stop_unreadable", "detail": why}),
+            )
+        };
+        if !self.inner.stop_watch.readable() {
+            return Err(unreadable(
+                "the stop watcher has not read the store recently".into(),
+            ));
+        }
+        let rows = self
+            .inner
+            .store
+            .latches()
+            .map_err(|e| unreadable(e.to_string()))?;
+        if let Some(ev) = crate::safety::governed::newest_event(&rows, dev.id()) {
+            // A trip this process has not applied: newer than what it knows,
+            // or known (the watcher records the time first) but not latched
+            // here yet (the watcher latches on its own task, a moment later).
+            let unapplied = ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst)
+                || !dev.latched.load(Ordering::SeqCst);
+            if ev.latched && unapplied {
+                return Err(Refusal::new(
+                    Code::SafetyEstopEngaged,
+                    format!(
+                        "a governed stop of `{}` was tripped by another process",
+                        dev.id()
+                    ),
+                    json!({"reason": "governed_stop", "device_id": dev.id(), "tripped_at_ms": ev.at_ms, "latch_reason": ev.reason}),
+                ));
+            }
+        }
+        // Arming made by another process (or here since step 6) binds this
+        // call too: a disarm this process has not applied yet refuses it.
+        if let Some((armed, at_ms)) = crate::safety::governed::arming_of(&rows, dev.id()) {
+            if at_ms > dev.arming_ms.load(Ordering::SeqCst) {
+                dev.arming_ms.fetch_max(at_ms, Ordering::SeqCst);
+                dev.armed.store(armed, Ordering::SeqCst);
+            }
+        }
+        if !dev.armed.load(Ordering::SeqCst) {
+            return Err(Refusal::new(
+                Code::AuthHardwareDisabled,
+                format!("device `{}` was disarmed", dev.id()),
+                json!({"reason": "not_armed", "device_id": dev.id()}),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Closes the open operation a refusal after a durable admission left
+    /// (nothing was dispatched; its rejected receipt is the outcome).
+    pub(crate) async fn close_open_op(&self, command_id: &str) {
+        let closed = Commit {
+            closed_ops: vec![command_id.to_owned()],
+            ..Commit::default()
+        };
+        if let Err(e) = self.commit(closed).await {
+            // Start-up closes it then (the receipt exists, so nothing is
+            // counted twice).
+            tracing::warn!(command_id, error = %e, "an open operation could not be closed");
+        }
+    }
+
+    pub(crate) fn admitted_body(&self, ctx: &Ctx, b: &BindingSpec, op_id: &str) -> Value {
+        let dev = &self.inner.devices[ctx.device];
+        json!({
+            "command_id": ctx.command_id,
+            "operation_id": op_id,
+            "device_id": dev.id(),
+            "capability_id": b.capability_id,
+            "resource": b.resource,
+            "input_digest": ctx.digest,
+            "principal": ctx.principal.to_json(),
+            "session_id": ctx.session_id,
+            "decision": "allow",
+            "risk": b.risk.as_str(),
+            "mode": dev.spec.manifest.mode.as_str(),
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! What the kernel says about itself and its devices: `mhs.hello`,
+//! `mhs.devices.list|get` (`describe.rs`) and each device's generated
+//! reference file (`file.rs`), built from the limits the kernel enforces.
+//!
+//! **Never belongs here:** hand-written limits or anything a check reads.
+
+mod describe;
+mod file;
+
+pub use file::{effective_limits, reference_json, reference_markdown};

@@ -1,0 +1,17 @@
+//! The safety duties: the e-stop and its latch, the stop path, the governed
+//! stop shared by every process on a store, reset, arming, single-use
+//! safe-place grants and the safety status.
+//!
+//! **Owns:** everything that stops, and everything that may undo a stop.
+//! **Never belongs here:** the latch *check* of the evaluation order
+//! (`check/latch.rs`), which only reads what this stage sets.
+//! **Fail-closed rule:** an e-stop is never refused and never waits on the
+//! store for long (the latch is set in memory before any driver I/O, and a
+//! store that fails can delay the stop path by at most the bounded latch
+//! wait); a reset that cannot read the shared stop, or be made durable,
+//! keeps the latch.
+
+pub(crate) mod estop;
+pub mod governed;
+pub(crate) mod grants;
+pub(crate) mod stop_path;
