@@ -3,6 +3,9 @@
 //! the whole set (decision, determining policies, reason and quorum).
 
 use super::*;
+use crate::load::parse;
+use crate::schema::input_type;
+use crate::slice::{build_slices, shape_index, Slice};
 use proptest::prelude::*;
 use serde_json::json;
 

@@ -12,9 +12,10 @@
 //! any interpretation of what an event body means. The store records what the
 //! kernel tells it to, in order, atomically per commit.
 //!
-//! **Depended on by:** `tether-kernel` (all durable writes go through
-//! [`Store::submit`]) and the CLI's audit commands ([`verify::verify_store`],
-//! [`Store::export_chain`]). It depends on no other Tether crate.
+//! **Depends on:** `tether-core` (canonical JSON; [`canonical`] is a
+//! transitional re-export of it). **Depended on by:** `tether-kernel` (all
+//! durable writes go through [`Store::submit`]) and the CLI's audit commands
+//! ([`verify::verify_store`], [`Store::export_chain`]).
 //!
 //! ## Implementations
 //!
@@ -408,7 +409,9 @@ pub trait Store: Send + Sync + 'static {
     fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError>;
 
     /// Write the chain as JSON Lines (one canonical entry per line, in `seq`
-    /// order) up to the head at the time of the call; returns the count.
+    /// order) up to the head at the time of the call, closed by the export's
+    /// seal line ([`verify::EXPORT_SEAL_KIND`]); returns the count of entries
+    /// (the seal not included).
     fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError>;
 
     /// True when an acknowledged commit survives a crash (SQLite), false for memory.

@@ -6,6 +6,7 @@
 //! endpoints.
 
 use crate::chain::{seal, GENESIS_PREV_HASH};
+use crate::prepare::{Prepared, PreparedEvent, PreparedReceipt};
 use crate::writer::{Backend, Job, Writer, WriterStats};
 use crate::{BudgetRow, Commit, CommitAck, Done, LatchRow, ReceiptRow, Store, StoreError};
 use serde_json::Value;
@@ -125,120 +126,157 @@ impl Backend for MemoryBackend {
         let mut st = lock(&self.state);
         for job in batch {
             let c = &job.commit;
-            if let Some(r) = c
-                .receipts
-                .iter()
-                .find(|r| st.receipt_index.contains_key(&r.row.command_id))
-            {
-                results.push(Err(StoreError::Conflict(format!(
-                    "a receipt for command_id {:?} is already stored",
-                    r.row.command_id
-                ))));
+            if let Some(conflict) = st.conflict(c) {
+                results.push(Err(conflict));
                 continue;
             }
-            if let Some((op, _)) = c.open_ops.iter().find(|(op, _)| {
-                st.receipt_index.contains_key(&op.command_id)
-                    || st.open_ops.contains_key(&op.command_id)
-            }) {
-                results.push(Err(StoreError::Conflict(format!(
-                    "command_id {:?} already ran or is running on this store",
-                    op.command_id
-                ))));
-                continue;
-            }
-            if let Some(b) = c
-                .budget_draws
-                .iter()
-                .find(|b| st.budget_index.contains_key(&b.reservation_id))
-            {
-                results.push(Err(StoreError::Conflict(format!(
-                    "budget reservation {:?} is already stored",
-                    b.reservation_id
-                ))));
-                continue;
-            }
-            let first_seq = st.head().0 + 1;
-            for e in &c.events {
-                let (seq, prev) = st.head();
-                let sealed = seal(
-                    seq + 1,
-                    ts_ms,
-                    &e.kind_json,
-                    &e.body_json,
-                    prev,
-                    &mut self.scratch,
-                );
-                st.events.push((sealed.hash, sealed.line));
-            }
-            for r in &c.receipts {
-                let at = st.receipts.len();
-                st.receipt_index.insert(r.row.command_id.clone(), at);
-                st.receipts.push(StoredReceipt {
-                    command_id: r.row.command_id.clone(),
-                    input_digest: r.row.input_digest.clone(),
-                    // prepare() checked that `event` indexes this commit's events.
-                    seq: first_seq + r.row.event as u64,
-                });
-            }
-            for r in &c.revisions {
-                // Revisions are minted by an atomic increment and concurrent
-                // commits may land out of order: keep the highest.
-                let slot = st
-                    .revisions
-                    .entry((r.device_id.clone(), r.resource.clone()))
-                    .or_insert(0);
-                *slot = (*slot).max(r.revision);
-            }
-            st.version = st.version.wrapping_add(1);
-            for l in &c.latches {
-                st.latches.insert(l.row.device_id.clone(), l.row.clone());
-            }
-            for b in &c.budget_draws {
-                let at = st.budget.len();
-                st.budget_index.insert(b.reservation_id.clone(), at);
-                st.budget.push(b.clone());
-            }
-            for (op, _) in &c.open_ops {
-                st.open_ops.insert(op.command_id.clone(), op.clone());
-            }
-            for id in &c.closed_ops {
-                st.open_ops.remove(id);
-            }
-            for (a, _) in &c.approvals {
-                match st
-                    .approvals
-                    .iter_mut()
-                    .find(|x| x.approval_id == a.approval_id)
-                {
-                    Some(x) => x.record = a.record.clone(),
-                    None => st.approvals.push(a.clone()),
-                }
-            }
-            for (id, info) in &c.invocations {
-                st.invocations
-                    .insert(id.clone(), StoredInvocation::Info(info.clone()));
-            }
-            for r in &c.invocation_refs {
-                // prepare() checked that `event` indexes this commit's events.
-                let seq = first_seq + r.event as u64;
-                st.invocations
-                    .insert(r.invocation_id.clone(), StoredInvocation::Entry(seq));
-            }
-            for id in &c.budget_releases {
-                if let Some(&at) = st.budget_index.get(id) {
-                    if let Some(row) = st.budget.get_mut(at) {
-                        row.released = true;
-                    }
-                }
-            }
-            let (last_seq, hash) = st.head();
-            results.push(Ok(CommitAck {
-                first_seq,
-                last_seq,
-                head_hash: hash.to_string(),
-            }));
+            results.push(Ok(st.apply(c, ts_ms, &mut self.scratch)));
         }
         Ok(())
+    }
+}
+
+impl State {
+    /// Why `c` collides with what is stored (checked before anything of it
+    /// is applied, in the order SQLite checks): a receipt already stored, an
+    /// operation that already ran or is running, a budget reservation
+    /// already stored.
+    fn conflict(&self, c: &Prepared) -> Option<StoreError> {
+        if let Some(r) = c
+            .receipts
+            .iter()
+            .find(|r| self.receipt_index.contains_key(&r.row.command_id))
+        {
+            return Some(StoreError::Conflict(format!(
+                "a receipt for command_id {:?} is already stored",
+                r.row.command_id
+            )));
+        }
+        if let Some((op, _)) = c.open_ops.iter().find(|(op, _)| {
+            self.receipt_index.contains_key(&op.command_id)
+                || self.open_ops.contains_key(&op.command_id)
+        }) {
+            return Some(StoreError::Conflict(format!(
+                "command_id {:?} already ran or is running on this store",
+                op.command_id
+            )));
+        }
+        if let Some(b) = c
+            .budget_draws
+            .iter()
+            .find(|b| self.budget_index.contains_key(&b.reservation_id))
+        {
+            return Some(StoreError::Conflict(format!(
+                "budget reservation {:?} is already stored",
+                b.reservation_id
+            )));
+        }
+        None
+    }
+
+    /// Applies a commit that has no conflict; infallible, so a commit is
+    /// applied whole.
+    fn apply(&mut self, c: &Prepared, ts_ms: u64, scratch: &mut String) -> CommitAck {
+        let first_seq = self.head().0 + 1;
+        self.append_events(&c.events, ts_ms, scratch);
+        self.index_receipts(&c.receipts, first_seq);
+        self.raise_revisions(&c.revisions);
+        self.version = self.version.wrapping_add(1);
+        for l in &c.latches {
+            self.latches.insert(l.row.device_id.clone(), l.row.clone());
+        }
+        self.insert_budget_draws(&c.budget_draws);
+        for (op, _) in &c.open_ops {
+            self.open_ops.insert(op.command_id.clone(), op.clone());
+        }
+        for id in &c.closed_ops {
+            self.open_ops.remove(id);
+        }
+        self.upsert_approvals(&c.approvals);
+        for (id, info) in &c.invocations {
+            self.invocations
+                .insert(id.clone(), StoredInvocation::Info(info.clone()));
+        }
+        for r in &c.invocation_refs {
+            // prepare() checked that `event` indexes this commit's events.
+            let seq = first_seq + r.event as u64;
+            self.invocations
+                .insert(r.invocation_id.clone(), StoredInvocation::Entry(seq));
+        }
+        self.release_budget(&c.budget_releases);
+        let (last_seq, hash) = self.head();
+        CommitAck {
+            first_seq,
+            last_seq,
+            head_hash: hash.to_string(),
+        }
+    }
+
+    fn append_events(&mut self, events: &[PreparedEvent], ts_ms: u64, scratch: &mut String) {
+        for e in events {
+            let (seq, prev) = self.head();
+            let sealed = seal(seq + 1, ts_ms, &e.kind_json, &e.body_json, prev, scratch);
+            self.events.push((sealed.hash, sealed.line));
+        }
+    }
+
+    /// Indexes each receipt by the entry that holds it (`first_seq` is the
+    /// commit's first entry).
+    fn index_receipts(&mut self, receipts: &[PreparedReceipt], first_seq: u64) {
+        for r in receipts {
+            let at = self.receipts.len();
+            self.receipt_index.insert(r.row.command_id.clone(), at);
+            self.receipts.push(StoredReceipt {
+                command_id: r.row.command_id.clone(),
+                input_digest: r.row.input_digest.clone(),
+                // prepare() checked that `event` indexes this commit's events.
+                seq: first_seq + r.row.event as u64,
+            });
+        }
+    }
+
+    fn raise_revisions(&mut self, revisions: &[crate::RevisionRow]) {
+        for r in revisions {
+            // Revisions are minted by an atomic increment and concurrent
+            // commits may land out of order: keep the highest.
+            let slot = self
+                .revisions
+                .entry((r.device_id.clone(), r.resource.clone()))
+                .or_insert(0);
+            *slot = (*slot).max(r.revision);
+        }
+    }
+
+    fn insert_budget_draws(&mut self, draws: &[BudgetRow]) {
+        for b in draws {
+            let at = self.budget.len();
+            self.budget_index.insert(b.reservation_id.clone(), at);
+            self.budget.push(b.clone());
+        }
+    }
+
+    fn upsert_approvals(&mut self, approvals: &[(crate::ApprovalRow, String)]) {
+        for (a, _) in approvals {
+            match self
+                .approvals
+                .iter_mut()
+                .find(|x| x.approval_id == a.approval_id)
+            {
+                Some(x) => x.record = a.record.clone(),
+                None => self.approvals.push(a.clone()),
+            }
+        }
+    }
+
+    /// Marks reservations released; an unknown id is a no-op.
+    fn release_budget(&mut self, reservation_ids: &[String]) {
+        for id in reservation_ids {
+            if let Some(&at) = self.budget_index.get(id) {
+                if let Some(row) = self.budget.get_mut(at) {
+                    row.released = true;
+                }
+            }
+        }
     }
 }
 

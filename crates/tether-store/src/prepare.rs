@@ -108,39 +108,39 @@ fn body_json(body: &EventBody, what: &str, copy: bool) -> Result<(String, usize)
 /// (an event's, or an invocation's info) is an object, is the canonical text
 /// of what it parses to, fits the depth bound, and holds the receipt it names.
 fn debug_check_canonical(body: &CanonicalBody) {
-    #[cfg(debug_assertions)]
-    {
-        let parsed: Value = match serde_json::from_str(body.text()) {
-            Ok(v) => v,
-            Err(e) => panic!(
-                "a canonical event body does not parse: {e}: {}",
-                body.text()
-            ),
-        };
-        assert!(
-            parsed.is_object(),
-            "a canonical event body is not an object"
-        );
-        let mut again = String::with_capacity(body.text().len());
-        assert!(
-            write_canonical_bounded(&parsed, &mut again, MAX_BODY_DEPTH).is_ok(),
-            "a canonical event body is nested deeper than {MAX_BODY_DEPTH}"
-        );
-        assert_eq!(again, body.text(), "an event body claimed canonical is not");
-        let held = parsed
-            .get("receipt")
-            .and_then(|r| r.get("command_id"))
-            .and_then(Value::as_str);
-        if let Some(id) = body.receipt_command_id() {
-            assert_eq!(
-                held,
-                Some(id),
-                "a canonical body does not hold the receipt it names"
-            );
-        }
+    // `debug_assert!` evaluates its condition in debug builds only.
+    debug_assert_eq!(canonical_defect(body), None, "{}", body.text());
+}
+
+/// What is wrong with a body that claims to be canonical, if anything (see
+/// [`debug_check_canonical`]).
+fn canonical_defect(body: &CanonicalBody) -> Option<String> {
+    let parsed: Value = match serde_json::from_str(body.text()) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("a canonical event body does not parse: {e}")),
+    };
+    if !parsed.is_object() {
+        return Some("a canonical event body is not an object".into());
     }
-    #[cfg(not(debug_assertions))]
-    let _ = body;
+    let mut again = String::with_capacity(body.text().len());
+    if write_canonical_bounded(&parsed, &mut again, MAX_BODY_DEPTH).is_err() {
+        return Some(format!(
+            "a canonical event body is nested deeper than {MAX_BODY_DEPTH}"
+        ));
+    }
+    if again != body.text() {
+        return Some("an event body claimed canonical is not".into());
+    }
+    let held = parsed
+        .get("receipt")
+        .and_then(|r| r.get("command_id"))
+        .and_then(Value::as_str);
+    match body.receipt_command_id() {
+        Some(id) if held != Some(id) => {
+            Some("a canonical body does not hold the receipt it names".into())
+        }
+        _ => None,
+    }
 }
 
 fn fits_i64(v: u64, what: &str) -> Result<(), StoreError> {
@@ -221,6 +221,65 @@ pub(crate) fn prepare_owned(c: Commit) -> Result<Prepared, StoreError> {
 /// copied into the result; without, they are left empty for
 /// [`prepare_owned`] to move in.
 fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
+    check_counts(c)?;
+    let events = prepare_events(&c.events, copy)?;
+    check_receipts(&c.receipts, &c.events)?;
+    check_budget_draws(&c.budget_draws)?;
+    for r in &c.revisions {
+        fits_i64(r.revision, "revision")?;
+    }
+    let receipts = copied(copy, &c.receipts)
+        .into_iter()
+        .map(|row| PreparedReceipt { row })
+        .collect();
+    let latches = c
+        .latches
+        .iter()
+        .map(|row| {
+            Ok(PreparedLatch {
+                info_json: bounded_json(&row.info, "latch info")?,
+                row: row.clone(),
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let open_ops = c
+        .open_ops
+        .iter()
+        .map(|op| Ok((op.clone(), bounded_json(&op.info, "open operation info")?)))
+        .collect::<Result<_, StoreError>>()?;
+    let approvals = c
+        .approvals
+        .iter()
+        .map(|a| Ok((a.clone(), bounded_json(&a.record, "approval record")?)))
+        .collect::<Result<_, StoreError>>()?;
+    let invocations = prepare_invocations(&c.invocations, copy)?;
+    check_invocation_refs(&c.invocation_refs, c.events.len())?;
+    Ok(Prepared {
+        approvals,
+        events,
+        receipts,
+        revisions: copied(copy, &c.revisions),
+        latches,
+        budget_draws: copied(copy, &c.budget_draws),
+        budget_releases: copied(copy, &c.budget_releases),
+        open_ops,
+        closed_ops: copied(copy, &c.closed_ops),
+        invocations,
+        invocation_refs: c.invocation_refs.clone(),
+    })
+}
+
+/// `rows` copied with `copy`, else empty (for [`prepare_owned`] to move in).
+fn copied<T: Clone>(copy: bool, rows: &[T]) -> Vec<T> {
+    if copy {
+        rows.to_vec()
+    } else {
+        Vec::new()
+    }
+}
+
+/// No kind of item exceeds [`MAX_ITEMS_PER_COMMIT`].
+fn check_counts(c: &Commit) -> Result<(), StoreError> {
     let counts = [
         ("events", c.events.len()),
         ("receipts", c.receipts.len()),
@@ -241,9 +300,17 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
             )));
         }
     }
+    Ok(())
+}
 
-    let mut events = Vec::with_capacity(c.events.len());
-    for e in &c.events {
+/// Each event checked (a kind, an object body, within the entry size) and
+/// serialised.
+fn prepare_events(
+    events: &[crate::EventDraft],
+    copy: bool,
+) -> Result<Vec<PreparedEvent>, StoreError> {
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
         if e.kind.is_empty() {
             return Err(invalid("event kind is empty"));
         }
@@ -261,15 +328,19 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
                 e.kind
             )));
         }
-        events.push(PreparedEvent {
+        out.push(PreparedEvent {
             kind_json,
             body_json,
         });
     }
+    Ok(out)
+}
 
-    let mut seen: HashSet<&str> = HashSet::with_capacity(c.receipts.len());
-    let mut holders: HashSet<usize> = HashSet::with_capacity(c.receipts.len());
-    for r in &c.receipts {
+/// Receipts name a command, once per commit, each held by its own event.
+fn check_receipts(receipts: &[ReceiptRef], events: &[crate::EventDraft]) -> Result<(), StoreError> {
+    let mut seen: HashSet<&str> = HashSet::with_capacity(receipts.len());
+    let mut holders: HashSet<usize> = HashSet::with_capacity(receipts.len());
+    for r in receipts {
         if r.command_id.is_empty() {
             return Err(invalid("receipt command_id is empty"));
         }
@@ -279,7 +350,7 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
                 r.command_id
             )));
         }
-        check_receipt_ref(r, &c.events)?;
+        check_receipt_ref(r, events)?;
         if !holders.insert(r.event) {
             return Err(invalid(format!(
                 "two receipts point at event {} of one commit",
@@ -287,8 +358,14 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
             )));
         }
     }
-    let mut seen: HashSet<&str> = HashSet::with_capacity(c.budget_draws.len());
-    for b in &c.budget_draws {
+    Ok(())
+}
+
+/// Budget draws name a reservation, once per commit, with a finite amount
+/// and a storable time.
+fn check_budget_draws(draws: &[BudgetRow]) -> Result<(), StoreError> {
+    let mut seen: HashSet<&str> = HashSet::with_capacity(draws.len());
+    for b in draws {
         if b.reservation_id.is_empty() {
             return Err(invalid("budget reservation_id is empty"));
         }
@@ -306,38 +383,17 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
             )));
         }
     }
-    for r in &c.revisions {
-        fits_i64(r.revision, "revision")?;
-    }
+    Ok(())
+}
 
-    let receipts = if copy {
-        c.receipts
-            .iter()
-            .map(|row| PreparedReceipt { row: row.clone() })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut latches = Vec::with_capacity(c.latches.len());
-    for row in &c.latches {
-        let info_json = bounded_json(&row.info, "latch info")?;
-        latches.push(PreparedLatch {
-            row: row.clone(),
-            info_json,
-        });
-    }
-    let mut open_ops = Vec::with_capacity(c.open_ops.len());
-    for op in &c.open_ops {
-        let info_json = bounded_json(&op.info, "open operation info")?;
-        open_ops.push((op.clone(), info_json));
-    }
-    let mut approvals = Vec::with_capacity(c.approvals.len());
-    for a in &c.approvals {
-        let record_json = bounded_json(&a.record, "approval record")?;
-        approvals.push((a.clone(), record_json));
-    }
-    let mut invocations = Vec::with_capacity(c.invocations.len());
-    for row in &c.invocations {
+/// Each invocation checked (an id, an object info within the entry size)
+/// and serialised, as `(invocation_id, info_json)`.
+fn prepare_invocations(
+    rows: &[crate::InvocationRow],
+    copy: bool,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
         if row.invocation_id.is_empty() {
             return Err(invalid("invocation_id is empty"));
         }
@@ -350,48 +406,27 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
                 "invocation info is larger than {MAX_ENTRY_BYTES} bytes"
             )));
         }
-        invocations.push((row.invocation_id.clone(), info_json));
+        out.push((row.invocation_id.clone(), info_json));
     }
-    for r in &c.invocation_refs {
+    Ok(out)
+}
+
+/// Invocation references name an invocation and point at one of the
+/// commit's `event_count` events.
+fn check_invocation_refs(
+    refs: &[crate::InvocationRef],
+    event_count: usize,
+) -> Result<(), StoreError> {
+    for r in refs {
         if r.invocation_id.is_empty() {
             return Err(invalid("invocation_id is empty"));
         }
-        if r.event >= c.events.len() {
+        if r.event >= event_count {
             return Err(invalid(format!(
                 "invocation {:?} points at event {} of a commit with {} events",
-                r.invocation_id,
-                r.event,
-                c.events.len()
+                r.invocation_id, r.event, event_count
             )));
         }
     }
-    Ok(Prepared {
-        approvals,
-        events,
-        receipts,
-        revisions: if copy {
-            c.revisions.clone()
-        } else {
-            Vec::new()
-        },
-        latches,
-        budget_draws: if copy {
-            c.budget_draws.clone()
-        } else {
-            Vec::new()
-        },
-        budget_releases: if copy {
-            c.budget_releases.clone()
-        } else {
-            Vec::new()
-        },
-        open_ops,
-        closed_ops: if copy {
-            c.closed_ops.clone()
-        } else {
-            Vec::new()
-        },
-        invocations,
-        invocation_refs: c.invocation_refs.clone(),
-    })
+    Ok(())
 }

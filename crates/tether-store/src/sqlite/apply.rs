@@ -1,0 +1,463 @@
+//! The writer's side of the SQLite store: the backend the group-commit
+//! writer drives. One batch is one `BEGIN IMMEDIATE` … `COMMIT`; each of its
+//! commits is checked for conflicts with what is stored, then its entries
+//! are sealed onto the chain and its rows written.
+//!
+//! Never here: validation or serialisation of a commit (done on the caller's
+//! thread, in `prepare`), or reads answered to callers (`read`).
+
+use super::head::{load_head, seq_from_db, seq_to_db, Head};
+use crate::chain::seal;
+use crate::prepare::{PreparedEvent, PreparedLatch, PreparedReceipt};
+use crate::writer::{Backend, Job};
+use crate::{ApprovalRow, BudgetRow, CommitAck, InvocationRef, OpenOp, RevisionRow, StoreError};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::HashMap;
+
+/// The writer's backend: the only write connection and the chain it extends.
+pub(super) struct SqliteBackend {
+    conn: Connection,
+    chain: ChainState,
+}
+
+/// The writer's state beside its connection (kept apart so a batch can hold
+/// statements prepared on the connection while it advances the chain).
+struct ChainState {
+    head: Head,
+    /// Reused buffer for sealing entries.
+    scratch: String,
+    /// Highest revision per `(device_id, resource)` among the batch's
+    /// commits so far (only those that succeeded alone).
+    batch_revisions: HashMap<(String, String), u64>,
+}
+
+/// The statements every command's commit runs, prepared once per batch
+/// instead of looked up in the statement cache once per commit.
+struct HotStatements<'c> {
+    receipt_exists: rusqlite::CachedStatement<'c>,
+    insert_event: rusqlite::CachedStatement<'c>,
+    insert_receipt: rusqlite::CachedStatement<'c>,
+}
+
+impl<'c> HotStatements<'c> {
+    fn prepare(conn: &'c Connection) -> Result<Self, StoreError> {
+        Ok(Self {
+            receipt_exists: conn.prepare_cached("SELECT 1 FROM receipts WHERE command_id = ?1")?,
+            insert_event: conn
+                .prepare_cached("INSERT INTO events(seq, hash, line) VALUES (?1, ?2, ?3)")?,
+            insert_receipt: conn.prepare_cached(
+                "INSERT INTO receipts(seq, command_id, input_digest) VALUES (?1, ?2, ?3)",
+            )?,
+        })
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn apply_batch(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<(), StoreError> {
+        let saved = self.chain.head.clone();
+        let outcome = self.try_batch(batch, ts_ms, results);
+        if outcome.is_err() {
+            // Nothing of the batch may survive: undo the transaction (harmless
+            // if BEGIN itself failed) and the head advanced by it.
+            let _ = self.conn.execute_batch("ROLLBACK");
+            self.chain.head = saved;
+            results.clear();
+        }
+        outcome
+    }
+}
+
+impl SqliteBackend {
+    /// The backend of a freshly opened store whose chain ends at `head`.
+    pub(super) fn new(conn: Connection, head: Head) -> Self {
+        Self {
+            conn,
+            chain: ChainState {
+                head,
+                scratch: String::with_capacity(256),
+                batch_revisions: HashMap::new(),
+            },
+        }
+    }
+
+    fn try_batch(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<(), StoreError> {
+        // IMMEDIATE takes the write lock now, so the head check below cannot
+        // race with another process appending.
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        self.reconcile_head()?;
+        self.chain.batch_revisions.clear();
+        {
+            let mut hot = HotStatements::prepare(&self.conn)?;
+            for job in batch {
+                let r = apply_one(&self.conn, &mut self.chain, &mut hot, job, ts_ms)?;
+                results.push(r);
+            }
+        }
+        self.write_batch_revisions()?;
+        self.record_head()?;
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(())
+    }
+
+    /// Keeps the chain's head (seq and hash) in `meta`, in the same
+    /// transaction as the entries: a hash chain cannot show that entries were
+    /// cut from its end, so the head recorded beside it is what lets start-up
+    /// and `audit verify` notice a shortened chain.
+    fn record_head(&mut self) -> Result<(), StoreError> {
+        let head = &self.chain.head;
+        if head.seq == 0 {
+            return Ok(());
+        }
+        self.conn
+            .prepare_cached(
+                "INSERT INTO meta(key, value) VALUES ('chain_head', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([format!("{} {}", head.seq, head.hash)])?;
+        Ok(())
+    }
+
+    /// The batch's revisions, one upsert per resource.
+    fn write_batch_revisions(&mut self) -> Result<(), StoreError> {
+        if self.chain.batch_revisions.is_empty() {
+            return Ok(());
+        }
+        let mut upsert = self.conn.prepare_cached(
+            // Another process may have written a higher one: keep the highest.
+            "INSERT INTO revisions(device_id, resource, revision) VALUES (?1, ?2, ?3)
+             ON CONFLICT(device_id, resource) DO UPDATE SET revision = MAX(revision, excluded.revision)",
+        )?;
+        for ((device_id, resource), revision) in self.chain.batch_revisions.drain() {
+            // prepare() checked the range, so the conversion cannot fail.
+            upsert.execute(params![device_id, resource, seq_to_db(revision)?])?;
+        }
+        Ok(())
+    }
+
+    /// Another process may share the file (the design allows several on one
+    /// store). If it appended entries since our last batch, continue from the
+    /// database's head instead of forking the chain.
+    fn reconcile_head(&mut self) -> Result<(), StoreError> {
+        let db: Option<(i64, String)> = self
+            .conn
+            .prepare_cached("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let db_seq = match &db {
+            Some((s, _)) => seq_from_db(*s)?,
+            None => 0,
+        };
+        let same = match &db {
+            Some((_, h)) => db_seq == self.chain.head.seq && *h == self.chain.head.hash,
+            None => self.chain.head.seq == 0,
+        };
+        if same {
+            return Ok(());
+        }
+        if db_seq > self.chain.head.seq {
+            self.chain.head = load_head(&self.conn)?;
+            return Ok(());
+        }
+        Err(StoreError::Corrupt(format!(
+            "the database chain head (seq {db_seq}) disagrees with the writer's (seq {})",
+            self.chain.head.seq
+        )))
+    }
+}
+/// Apply one commit inside the open transaction. The outer error aborts
+/// the batch; the inner one fails only this commit and is returned before
+/// anything of it is written.
+fn apply_one(
+    conn: &Connection,
+    chain: &mut ChainState,
+    hot: &mut HotStatements<'_>,
+    job: &Job,
+    ts_ms: u64,
+) -> Result<Result<CommitAck, StoreError>, StoreError> {
+    let c = &job.commit;
+    if let Some(conflict) = receipt_conflict(hot, &c.receipts)? {
+        return Ok(Err(conflict));
+    }
+    // An operation opens under its command_id once: another process on
+    // this store that already ran the id (a receipt) or is running it
+    // (an open operation) makes the start a conflict, so a command id is
+    // dispatched once per state directory, not once per process.
+    if !c.open_ops.is_empty() {
+        if let Some(conflict) = open_op_conflict(conn, hot, &c.open_ops)? {
+            return Ok(Err(conflict));
+        }
+    }
+    if !c.budget_draws.is_empty() {
+        if let Some(conflict) = budget_conflict(conn, &c.budget_draws)? {
+            return Ok(Err(conflict));
+        }
+    }
+
+    let first_seq = chain.head.seq + 1;
+    append_events(chain, &mut hot.insert_event, &c.events, ts_ms)?;
+    index_receipts(
+        &mut hot.insert_receipt,
+        &c.receipts,
+        first_seq,
+        chain.head.seq,
+    )?;
+    // Revisions only ever rise (the highest wins), so a batch's are
+    // gathered and written once per resource before COMMIT.
+    gather_revisions(&mut chain.batch_revisions, &c.revisions);
+    if !c.latches.is_empty() {
+        upsert_latches(conn, &c.latches)?;
+    }
+    if !c.budget_draws.is_empty() {
+        insert_budget_draws(conn, &c.budget_draws)?;
+    }
+    if !c.budget_releases.is_empty() {
+        release_budget(conn, &c.budget_releases)?;
+    }
+    if !c.open_ops.is_empty() {
+        upsert_open_ops(conn, &c.open_ops)?;
+    }
+    if !c.closed_ops.is_empty() {
+        delete_open_ops(conn, &c.closed_ops)?;
+    }
+    if !c.approvals.is_empty() {
+        upsert_approvals(conn, &c.approvals, chain.head.seq)?;
+    }
+    if !c.invocations.is_empty() {
+        upsert_invocations(conn, &c.invocations)?;
+    }
+    if !c.invocation_refs.is_empty() {
+        index_invocations(conn, &c.invocation_refs, first_seq, chain.head.seq)?;
+    }
+    Ok(Ok(CommitAck {
+        first_seq,
+        last_seq: chain.head.seq,
+        head_hash: chain.head.hash.clone(),
+    }))
+}
+
+/// The conflict of a receipt whose `command_id` is already stored.
+fn receipt_conflict(
+    hot: &mut HotStatements<'_>,
+    receipts: &[PreparedReceipt],
+) -> Result<Option<StoreError>, StoreError> {
+    for r in receipts {
+        if hot.receipt_exists.exists([&r.row.command_id])? {
+            return Ok(Some(StoreError::Conflict(format!(
+                "a receipt for command_id {:?} is already stored",
+                r.row.command_id
+            ))));
+        }
+    }
+    Ok(None)
+}
+
+/// The conflict of an operation whose `command_id` already ran (a receipt)
+/// or is running (an open operation) on this store.
+fn open_op_conflict(
+    conn: &Connection,
+    hot: &mut HotStatements<'_>,
+    open_ops: &[(OpenOp, String)],
+) -> Result<Option<StoreError>, StoreError> {
+    let mut open = conn.prepare_cached("SELECT 1 FROM open_ops WHERE command_id = ?1")?;
+    for (op, _) in open_ops {
+        let id = &op.command_id;
+        if hot.receipt_exists.exists([id])? || open.exists([id])? {
+            return Ok(Some(StoreError::Conflict(format!(
+                "command_id {id:?} already ran or is running on this store"
+            ))));
+        }
+    }
+    Ok(None)
+}
+
+/// The conflict of a budget draw whose `reservation_id` is already stored.
+fn budget_conflict(
+    conn: &Connection,
+    draws: &[BudgetRow],
+) -> Result<Option<StoreError>, StoreError> {
+    let mut exists = conn.prepare_cached("SELECT 1 FROM budget WHERE reservation_id = ?1")?;
+    for b in draws {
+        if exists.exists([&b.reservation_id])? {
+            return Ok(Some(StoreError::Conflict(format!(
+                "budget reservation {:?} is already stored",
+                b.reservation_id
+            ))));
+        }
+    }
+    Ok(None)
+}
+
+/// Seals each event onto the chain, in order, and inserts its entry.
+fn append_events(
+    chain: &mut ChainState,
+    insert_event: &mut rusqlite::CachedStatement<'_>,
+    events: &[PreparedEvent],
+    ts_ms: u64,
+) -> Result<(), StoreError> {
+    for e in events {
+        let seq = chain.head.seq + 1;
+        let sealed = seal(
+            seq,
+            ts_ms,
+            &e.kind_json,
+            &e.body_json,
+            &chain.head.hash,
+            &mut chain.scratch,
+        );
+        insert_event.execute(params![seq_to_db(seq)?, &sealed.hash, &sealed.line])?;
+        chain.head = Head {
+            seq,
+            hash: sealed.hash,
+        };
+    }
+    Ok(())
+}
+
+/// Indexes each receipt by the entry that holds it (`first_seq` is the
+/// commit's first entry, `last_seq` its last).
+fn index_receipts(
+    insert_receipt: &mut rusqlite::CachedStatement<'_>,
+    receipts: &[PreparedReceipt],
+    first_seq: u64,
+    last_seq: u64,
+) -> Result<(), StoreError> {
+    for r in receipts {
+        // prepare() checked that `event` indexes this commit's events.
+        let seq = first_seq + r.row.event as u64;
+        debug_assert!(seq <= last_seq);
+        insert_receipt.execute(params![
+            seq_to_db(seq)?,
+            &r.row.command_id,
+            &r.row.input_digest
+        ])?;
+    }
+    Ok(())
+}
+
+/// Keeps the highest revision of each resource among the batch's commits.
+fn gather_revisions(batch: &mut HashMap<(String, String), u64>, revisions: &[RevisionRow]) {
+    for r in revisions {
+        let slot = batch
+            .entry((r.device_id.clone(), r.resource.clone()))
+            .or_insert(0);
+        *slot = (*slot).max(r.revision);
+    }
+}
+
+fn upsert_latches(conn: &Connection, latches: &[PreparedLatch]) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO latches(device_id, latched, info) VALUES (?1, ?2, ?3)
+         ON CONFLICT(device_id) DO UPDATE SET latched = excluded.latched, info = excluded.info",
+    )?;
+    for l in latches {
+        upsert.execute(params![&l.row.device_id, l.row.latched, &l.info_json])?;
+    }
+    Ok(())
+}
+
+fn insert_budget_draws(conn: &Connection, draws: &[BudgetRow]) -> Result<(), StoreError> {
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO budget(reservation_id, key, amount, ts_ms, released) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for b in draws {
+        insert.execute(params![
+            &b.reservation_id,
+            &b.key,
+            b.amount,
+            seq_to_db(b.ts_ms)?,
+            b.released
+        ])?;
+    }
+    Ok(())
+}
+
+fn release_budget(conn: &Connection, reservation_ids: &[String]) -> Result<(), StoreError> {
+    let mut release =
+        conn.prepare_cached("UPDATE budget SET released = 1 WHERE reservation_id = ?1")?;
+    for id in reservation_ids {
+        release.execute([id])?;
+    }
+    Ok(())
+}
+
+fn upsert_open_ops(conn: &Connection, open_ops: &[(OpenOp, String)]) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO open_ops(command_id, info) VALUES (?1, ?2)
+         ON CONFLICT(command_id) DO UPDATE SET info = excluded.info",
+    )?;
+    for (op, info) in open_ops {
+        upsert.execute(params![&op.command_id, info])?;
+    }
+    Ok(())
+}
+
+fn delete_open_ops(conn: &Connection, command_ids: &[String]) -> Result<(), StoreError> {
+    let mut delete = conn.prepare_cached("DELETE FROM open_ops WHERE command_id = ?1")?;
+    for id in command_ids {
+        delete.execute([id])?;
+    }
+    Ok(())
+}
+
+/// Upserts approval records; a new one is created at `head_seq`, the
+/// commit's last entry (which orders [`crate::Store::approvals`]).
+fn upsert_approvals(
+    conn: &Connection,
+    approvals: &[(ApprovalRow, String)],
+    head_seq: u64,
+) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO approvals(approval_id, record, created_seq) VALUES (?1, ?2, ?3)
+         ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record",
+    )?;
+    for (a, record_json) in approvals {
+        upsert.execute(params![&a.approval_id, record_json, seq_to_db(head_seq)?])?;
+    }
+    Ok(())
+}
+
+/// Upserts invocations recorded by value, `(invocation_id, info_json)`.
+fn upsert_invocations(
+    conn: &Connection,
+    invocations: &[(String, String)],
+) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO invocations(invocation_id, info, seq) VALUES (?1, ?2, NULL)
+         ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info, seq = NULL",
+    )?;
+    for (invocation_id, info) in invocations {
+        upsert.execute(params![invocation_id, info])?;
+    }
+    Ok(())
+}
+
+/// Indexes invocations whose record is an entry of this commit (`first_seq`
+/// is the commit's first entry, `last_seq` its last).
+fn index_invocations(
+    conn: &Connection,
+    refs: &[InvocationRef],
+    first_seq: u64,
+    last_seq: u64,
+) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO invocations(invocation_id, info, seq) VALUES (?1, NULL, ?2)
+         ON CONFLICT(invocation_id) DO UPDATE SET info = NULL, seq = excluded.seq",
+    )?;
+    for r in refs {
+        // prepare() checked that `event` indexes this commit's events.
+        let seq = first_seq + r.event as u64;
+        debug_assert!(seq <= last_seq);
+        upsert.execute(params![&r.invocation_id, seq_to_db(seq)?])?;
+    }
+    Ok(())
+}

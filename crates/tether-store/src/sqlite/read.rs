@@ -1,0 +1,288 @@
+//! The reads of the SQLite store: the [`Store`] queries, answered from the
+//! read-only connection, and the chain export, paged so that neither the
+//! whole chain nor the reader is held for long.
+//!
+//! Never here: writes (all of them go through the writer, see `apply`).
+
+use super::head::{seq_from_db, seq_to_db};
+use super::{SqliteStore, PAGE_ROWS};
+use crate::chain::GENESIS_PREV_HASH;
+use crate::{BudgetRow, Commit, Done, LatchRow, ReceiptRow, RevisionRow, Store, StoreError};
+use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
+
+fn corrupt_json(what: &str, key: &str, e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(format!("stored {what} for {key:?} is not valid JSON: {e}"))
+}
+
+fn u64_col(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v)
+        .map_err(|_| StoreError::Corrupt(format!("negative {what} {v} in the database")))
+}
+
+fn limit_param(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Store for SqliteStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        self.writer.submit_owned(commit, done);
+    }
+
+    fn submit_ref(&self, commit: &Commit, done: Done) {
+        self.writer.submit(commit, done);
+    }
+
+    fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
+        let conn = self.read();
+        let row: Option<(String, String)> = conn
+            .prepare_cached(
+                "SELECT r.input_digest, e.line FROM receipts r JOIN events e ON e.seq = r.seq
+                 WHERE r.command_id = ?1",
+            )?
+            .query_row([command_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        drop(conn);
+        match row {
+            None => Ok(None),
+            Some((input_digest, line)) => Ok(Some(ReceiptRow {
+                command_id: command_id.to_string(),
+                input_digest,
+                receipt: crate::chain::receipt_from_entry(command_id, &line)?,
+            })),
+        }
+    }
+
+    fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT command_id, input_digest FROM receipts ORDER BY seq DESC LIMIT ?1",
+        )?;
+        // One row more than asked tells whether everything fitted.
+        let rows = st.query_map([limit_param(limit.saturating_add(1))], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+        let mut out: Vec<(String, String)> = Vec::new();
+        for row in rows {
+            out.push(row?);
+        }
+        let complete = out.len() <= limit;
+        out.truncate(limit);
+        out.reverse();
+        Ok((out, complete))
+    }
+
+    fn revisions(&self) -> Result<Vec<RevisionRow>, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT device_id, resource, revision FROM revisions ORDER BY device_id, resource",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (device_id, resource, revision) = row?;
+            out.push(RevisionRow {
+                device_id,
+                resource,
+                revision: u64_col(revision, "revision")?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn open_ops(&self) -> Result<Vec<crate::OpenOp>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT command_id, info FROM open_ops ORDER BY command_id")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (command_id, info) = row?;
+            let info: Value = serde_json::from_str(&info)
+                .map_err(|e| corrupt_json("open operation", &command_id, e))?;
+            out.push(crate::OpenOp { command_id, info });
+        }
+        Ok(out)
+    }
+
+    fn approvals(&self) -> Result<Vec<crate::ApprovalRow>, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT approval_id, record FROM approvals ORDER BY created_seq, approval_id",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (approval_id, record) = row?;
+            let record: Value = serde_json::from_str(&record)
+                .map_err(|e| corrupt_json("approval", &approval_id, e))?;
+            out.push(crate::ApprovalRow {
+                approval_id,
+                record,
+            });
+        }
+        Ok(out)
+    }
+
+    fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
+        let conn = self.read();
+        let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn
+            .prepare_cached(
+                "SELECT i.info, i.seq, e.line FROM invocations i LEFT JOIN events e ON e.seq = i.seq
+                 WHERE i.invocation_id = ?1",
+            )?
+            .query_row([invocation_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
+        drop(conn);
+        let info = match row {
+            None => return Ok(None),
+            Some((Some(info), _, _)) => serde_json::from_str::<Value>(&info)
+                .map_err(|e| corrupt_json("invocation", invocation_id, e))?
+                .into(),
+            Some((None, _, Some(line))) => {
+                crate::chain::invocation_from_entry(invocation_id, &line)?
+            }
+            Some((None, seq, None)) => {
+                return Err(StoreError::Corrupt(format!(
+                    "invocation {invocation_id:?} is indexed at entry {seq:?}, which is missing"
+                )))
+            }
+        };
+        Ok(Some(crate::InvocationRow {
+            invocation_id: invocation_id.to_owned(),
+            info,
+        }))
+    }
+
+    fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT device_id, latched, info FROM latches ORDER BY device_id")?;
+        let rows = st.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (device_id, latched, info) = row?;
+            let info: Value = serde_json::from_str(&info)
+                .map_err(|e| corrupt_json("latch info", &device_id, e))?;
+            out.push(LatchRow {
+                device_id,
+                latched,
+                info,
+            });
+        }
+        Ok(out)
+    }
+
+    fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT key, reservation_id, amount, ts_ms, released FROM budget
+             WHERE ts_ms >= ?1 ORDER BY ts_ms, rowid",
+        )?;
+        // Stored ts_ms never exceeds i64::MAX, so a larger bound matches nothing.
+        let from = i64::try_from(ts_ms).unwrap_or(i64::MAX);
+        let rows = st.query_map([from], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get::<_, i64>(3)?,
+                r.get(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, reservation_id, amount, ts, released) = row?;
+            out.push(BudgetRow {
+                key,
+                reservation_id,
+                amount,
+                ts_ms: u64_col(ts, "budget ts_ms")?,
+                released,
+            });
+        }
+        Ok(out)
+    }
+
+    fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {
+        let conn = self.read();
+        let row: Option<(i64, String)> = conn
+            .prepare_cached("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        row.map(|(s, h)| Ok((seq_from_db(s)?, h))).transpose()
+    }
+
+    fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError> {
+        let conn = self.read();
+        let mut st =
+            conn.prepare_cached("SELECT seq, line FROM events ORDER BY seq DESC LIMIT ?1")?;
+        let rows = st.query_map([limit_param(n)], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, line) = row?;
+            let v = serde_json::from_str(&line)
+                .map_err(|e| corrupt_json("entry", &seq.to_string(), e))?;
+            out.push(v);
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        // Export up to the head as of now; entries appended meanwhile are left
+        // for the next export, which also bounds the loop.
+        let Some((head, head_hash)) = self.chain_head()? else {
+            crate::verify::write_export_seal(out, 0, GENESIS_PREV_HASH)?;
+            out.flush()?;
+            return Ok(0);
+        };
+        let head = seq_to_db(head)?;
+        let mut after: i64 = 0;
+        let mut count: u64 = 0;
+        let mut page: Vec<(i64, String)> = Vec::with_capacity(PAGE_ROWS as usize);
+        while after < head {
+            page.clear();
+            {
+                // Hold the reader only while fetching, never while writing to
+                // `out` (which may be slow).
+                let conn = self.read();
+                let mut st = conn.prepare_cached(
+                    "SELECT seq, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
+                )?;
+                let rows = st.query_map(params![after, head, PAGE_ROWS], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?;
+                for row in rows {
+                    page.push(row?);
+                }
+            }
+            let Some(&(last, _)) = page.last() else { break };
+            for (_, line) in &page {
+                out.write_all(line.as_bytes())?;
+                out.write_all(b"\n")?;
+                count += 1;
+            }
+            after = last;
+        }
+        crate::verify::write_export_seal(out, count, &head_hash)?;
+        out.flush()?;
+        Ok(count)
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    fn change_token(&self) -> Result<u64, StoreError> {
+        // data_version moves whenever another connection — this process's
+        // writer or another process — committed since the last call.
+        let conn = self.read();
+        let v: i64 = conn.query_row("PRAGMA data_version", [], |r| r.get(0))?;
+        Ok(v as u64)
+    }
+}
