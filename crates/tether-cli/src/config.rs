@@ -183,16 +183,7 @@ pub const APPROVAL_TTL_S_MAX: u64 = 7 * 86_400;
 /// Unreadable or malformed files, each as a defect.
 pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
     let Some(path) = path else {
-        return Ok(Loaded {
-            config: EndpointConfig {
-                builtin_cell: true,
-                ..EndpointConfig::default()
-            },
-            base: PathBuf::from("."),
-            manifests: tether_drivers::builtin_cell(),
-            overlay: None,
-            policy: None,
-        });
+        return Ok(builtin());
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| vec![defect(path, format!("cannot read: {e}"))])?;
@@ -212,6 +203,30 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
     }
     let config: EndpointConfig =
         toml::from_str(&text).map_err(|e| vec![defect(path, e.to_string())])?;
+    read_listed_files(path, config, base)
+}
+
+/// The built-in cell, served when no config is given.
+fn builtin() -> Loaded {
+    Loaded {
+        config: EndpointConfig {
+            builtin_cell: true,
+            ..EndpointConfig::default()
+        },
+        base: PathBuf::from("."),
+        manifests: tether_drivers::builtin_cell(),
+        overlay: None,
+        policy: None,
+    }
+}
+
+/// Checks a parsed config at `path` and reads the files it lists (manifests,
+/// overlay, policy) relative to `base`; every defect is reported.
+fn read_listed_files(
+    path: &Path,
+    config: EndpointConfig,
+    base: PathBuf,
+) -> Result<Loaded, Vec<Defect>> {
     let mut manifests = if config.builtin_cell {
         tether_drivers::builtin_cell()
     } else {
@@ -229,44 +244,19 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
         }
     }
     for rel in &config.devices {
-        let p = base.join(rel);
-        match std::fs::read_to_string(&p) {
-            Ok(text) => manifests.push(ManifestSource {
-                origin: p.display().to_string(),
-                text,
-            }),
-            Err(e) => defects.push(defect(&p, format!("cannot read device manifest: {e}"))),
+        if let Some((origin, text)) = read_relative(&base, rel, "device manifest", &mut defects) {
+            manifests.push(ManifestSource { origin, text });
         }
     }
-    let overlay = match &config.overlay {
-        Some(rel) => {
-            let p = base.join(rel);
-            match std::fs::read_to_string(&p) {
-                Ok(text) => Some(OverlaySource {
-                    origin: p.display().to_string(),
-                    text,
-                }),
-                Err(e) => {
-                    defects.push(defect(&p, format!("cannot read overlay: {e}")));
-                    None
-                }
-            }
-        }
-        None => None,
-    };
-    let policy = match &config.policy {
-        Some(rel) => {
-            let p = base.join(rel);
-            match std::fs::read_to_string(&p) {
-                Ok(text) => Some((p.display().to_string(), text)),
-                Err(e) => {
-                    defects.push(defect(&p, format!("cannot read policy: {e}")));
-                    None
-                }
-            }
-        }
-        None => None,
-    };
+    let overlay = config
+        .overlay
+        .as_ref()
+        .and_then(|rel| read_relative(&base, rel, "overlay", &mut defects))
+        .map(|(origin, text)| OverlaySource { origin, text });
+    let policy = config
+        .policy
+        .as_ref()
+        .and_then(|rel| read_relative(&base, rel, "policy", &mut defects));
     if manifests.is_empty() && defects.is_empty() {
         defects.push(defect(
             path,
@@ -283,6 +273,24 @@ pub fn read(path: Option<&Path>) -> Result<Loaded, Vec<Defect>> {
         })
     } else {
         Err(defects)
+    }
+}
+
+/// Reads `base/rel` as (path shown in messages, text); an unreadable file is
+/// a defect (`cannot read {what}: ...`) and `None`.
+fn read_relative(
+    base: &Path,
+    rel: &Path,
+    what: &str,
+    defects: &mut Vec<Defect>,
+) -> Option<(String, String)> {
+    let p = base.join(rel);
+    match std::fs::read_to_string(&p) {
+        Ok(text) => Some((p.display().to_string(), text)),
+        Err(e) => {
+            defects.push(defect(&p, format!("cannot read {what}: {e}")));
+            None
+        }
     }
 }
 

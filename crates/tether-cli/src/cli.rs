@@ -1,0 +1,231 @@
+//! The command line itself: every subcommand, flag, default and help text
+//! (clap derive). Parsing only; what each command does lives in its module.
+//!
+//! The doc comments on variants and fields are the help text clap prints.
+//! The types themselves carry none: on `Cli` one would become part of
+//! `tether --help`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "tether",
+    version,
+    about = "The governed path between AI agents and machines. A software envelope, not a safety-rated channel: keep an independent hardware e-stop."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve JSON-RPC and/or MCP over HTTP (built-in simulated cell when no --config is given).
+    Serve {
+        /// Endpoint config (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where evidence, latches, budgets and receipts persist.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Serve JSON-RPC on standard input/output, one JSON value per line.
+        #[arg(long, conflicts_with = "http")]
+        stdio: bool,
+        /// Serve JSON-RPC over HTTP at ADDR (POST /rpc); port 0 picks a free port.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<String>,
+        /// Serve MCP over streamable HTTP at ADDR (path /mcp); port 0 picks a free port.
+        #[arg(long, value_name = "ADDR", conflicts_with = "stdio")]
+        mcp_http: Option<String>,
+    },
+    /// Serve MCP on standard input/output (what an MCP client launches).
+    Mcp {
+        /// Endpoint config (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where evidence, latches, budgets and receipts persist.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Environment variable holding this caller's bearer token (needed
+        /// when principals are configured; never pass a token as a flag).
+        #[arg(long, value_name = "NAME", default_value = "TETHER_TOKEN")]
+        token_env: String,
+    },
+    /// Check a config (or a single device manifest, or a `.cedar` policy
+    /// against the built-in cell) and print every defect. A config's policy is
+    /// validated too.
+    Check {
+        /// Config, manifest or policy file.
+        file: PathBuf,
+        /// Print the Tether Cedar schema policies are validated against.
+        #[arg(long)]
+        schema: bool,
+    },
+    /// Operators: list, approve or deny held commands on a running endpoint
+    /// (the operator's token comes from TETHER_TOKEN).
+    Approvals {
+        #[command(subcommand)]
+        action: ApprovalAction,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+    },
+    /// Print a device's reference file (limits with units and sources, safety).
+    Describe {
+        /// Device id.
+        device: String,
+        /// Endpoint config (TOML); the built-in cell when absent.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print reference.json instead of Markdown.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export or verify the evidence chain.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+    /// Trip the governed stop from a shell: every endpoint on the state
+    /// directory latches (one device, or all). Works with no endpoint running.
+    Estop {
+        /// Only this device (default: every device).
+        #[arg(long)]
+        device: Option<String>,
+        /// State directory shared with the endpoints.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "tether estop from a shell")]
+        reason: String,
+    },
+    /// Ask a running endpoint to reset a device's latch (operator command).
+    Reset {
+        /// Device to reset.
+        #[arg(long)]
+        device: String,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "operator reset from a shell")]
+        reason: String,
+    },
+    /// Arm hardware actuation of a hardware or hybrid device (operator only,
+    /// token in TETHER_TOKEN).
+    Arm {
+        /// Device to arm.
+        #[arg(long)]
+        device: String,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "armed by an operator from a shell")]
+        reason: String,
+    },
+    /// Disarm hardware actuation of a hardware or hybrid device.
+    Disarm {
+        /// Device to disarm.
+        #[arg(long)]
+        device: String,
+        /// The endpoint's JSON-RPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        endpoint: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "disarmed from a shell")]
+        reason: String,
+    },
+    /// Simulator controls (for people and tests, never reachable by a model).
+    Sim {
+        #[command(subcommand)]
+        action: SimAction,
+    },
+    /// Print the MHS error-code registry as Markdown.
+    Codes,
+}
+
+#[derive(Subcommand)]
+pub enum ApprovalAction {
+    /// List approvals (operators see all, others their own).
+    List {
+        /// Only this status: pending, approved, denied, used or expired.
+        #[arg(long)]
+        status: Option<String>,
+    },
+    /// Show one approval.
+    Get {
+        /// Approval id.
+        id: String,
+    },
+    /// Vote to approve.
+    Approve {
+        /// Approval id.
+        id: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "approved from a shell")]
+        reason: String,
+    },
+    /// Deny (final).
+    Deny {
+        /// Approval id.
+        id: String,
+        /// Why (recorded in the evidence).
+        #[arg(long, default_value = "denied from a shell")]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SimAction {
+    /// Run the simulated arm as a separate controller process (leased commands
+    /// over a line protocol; docs/SIM_PROTOCOL.md). Point a `remote.arm` device at it.
+    Serve {
+        /// Address to listen on; port 0 picks a free port and prints it.
+        #[arg(long, default_value = "127.0.0.1:7879")]
+        listen: String,
+    },
+    /// Print the external simulator's arm status (positions, moving, last stop).
+    Status {
+        /// The simulator's address.
+        #[arg(long, default_value = "127.0.0.1:7879")]
+        connect: String,
+    },
+    /// Open or close a simulated door contact (the `door` interlock of arm-1):
+    /// of the built-in cell on a state directory, or with `--connect` of an
+    /// external simulator (`tether sim serve`).
+    Door {
+        /// `open` or `close`.
+        #[arg(value_parser = ["open", "close"])]
+        state: String,
+        /// Device whose door it is (built-in cell).
+        #[arg(long, default_value = "arm-1")]
+        device: String,
+        /// State directory of the endpoint (built-in cell).
+        #[arg(long, conflicts_with = "connect")]
+        state_dir: Option<PathBuf>,
+        /// The external simulator's address: set its door instead.
+        #[arg(long)]
+        connect: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AuditAction {
+    /// Write the chain as JSON Lines to standard output.
+    Export {
+        /// State directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Verify a chain; exit 1 naming the first broken entry.
+    Verify {
+        /// State directory to verify.
+        #[arg(long, conflicts_with = "file")]
+        state_dir: Option<PathBuf>,
+        /// Exported JSON Lines file to verify.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+}

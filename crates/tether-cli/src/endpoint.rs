@@ -1,0 +1,145 @@
+//! Starting an endpoint, shared by `tether serve` and `tether mcp`: logging,
+//! the config read and checked (defects printed, exit 2), the evidence store,
+//! the kernel with its governed-stop watcher and session reaper, and the
+//! stdio caller's principal.
+
+use crate::check::print_defects;
+use crate::config;
+use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use tether_kernel::{Kernel, KernelConfig, Principal};
+use tether_store::SqliteStore;
+
+/// Every approval TTL the config accepts converts to milliseconds without
+/// overflow (`start` multiplies by 1000).
+const _: () = assert!(config::APPROVAL_TTL_S_MAX <= u64::MAX / 1000);
+
+/// A kernel ready to serve, with the background work every endpoint runs.
+/// Field order is drop order: the watcher and the reaper stop before the
+/// runtime they run on.
+pub struct Endpoint {
+    pub kernel: Kernel,
+    pub auth: tether_server::auth::Authenticator,
+    pub dir: PathBuf,
+    pub device_count: usize,
+    _watcher: tether_kernel::governed::StopWatcher,
+    _reaper: tokio::task::JoinHandle<()>,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+/// Logging to stderr, filtered by `TETHER_LOG` (default `warn`).
+pub fn init_tracing() {
+    // Logs go to stderr: stdout belongs to the stdio protocols.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+}
+
+/// The loaded config, cell and authenticator; `Err(code)` once the defects
+/// were printed.
+pub type Prepared = (
+    config::Loaded,
+    tether_kernel::loader::Cell,
+    tether_server::auth::Authenticator,
+);
+
+/// Reads the config, loads the cell and builds the authenticator; every
+/// defect is printed and start-up ends with exit 2.
+pub fn prepare(config_path: Option<&Path>) -> Result<Prepared, ExitCode> {
+    let loaded = config::read(config_path).map_err(|d| {
+        print_defects(&d);
+        ExitCode::from(2)
+    })?;
+    let cell = config::load_cell(&loaded).map_err(|d| {
+        print_defects(&d);
+        ExitCode::from(2)
+    })?;
+    let origin = config_path.map_or_else(|| PathBuf::from("(built-in)"), PathBuf::from);
+    let auth = config::authenticator(&loaded, &origin).map_err(|d| {
+        print_defects(&d);
+        ExitCode::from(2)
+    })?;
+    Ok((loaded, cell, auth))
+}
+
+/// Opens the store, starts the kernel, the governed-stop watcher and the
+/// session reaper.
+pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpoint> {
+    let (loaded, cell, auth) = prepared;
+    let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
+    let drivers = tether_drivers::build_all_with(
+        cell.devices.iter().map(|d| &d.manifest),
+        &tether_drivers::SimEnv::in_state_dir(&dir),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let store = SqliteStore::open(&dir)
+        .with_context(|| format!("opening the evidence store in {}", dir.display()))?;
+    let endpoint_id = loaded
+        .config
+        .endpoint_id
+        .clone()
+        .unwrap_or_else(|| "tether-local".into());
+    let device_count = cell.devices.len();
+    let mut kernel_config = KernelConfig::standard(&endpoint_id);
+    kernel_config.policy = loaded.policy.clone();
+    if let Some(armed) = loaded.config.hardware_armed_at_start {
+        kernel_config.hardware_armed_at_start = armed;
+    }
+    if let Some(ttl) = loaded.config.approval_ttl_s {
+        // config::read refused any other value; kept as a guard.
+        if !(1..=config::APPROVAL_TTL_S_MAX).contains(&ttl) {
+            bail!(
+                "the config's approval_ttl_s must be between 1 and {} (seconds)",
+                config::APPROVAL_TTL_S_MAX
+            );
+        }
+        kernel_config.approval_ttl_ms = ttl * 1000;
+    }
+    let kernel = match Kernel::new(kernel_config, cell, drivers, Arc::new(store)) {
+        Ok(k) => k,
+        Err(e @ tether_kernel::StartError::Policy(_)) => {
+            bail!("{e}\nthe policy is invalid; nothing was started")
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("starting the kernel")),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // Obey stops tripped by other processes on the same state directory.
+    let watcher = kernel
+        .start_stop_watcher(runtime.handle().clone())
+        .context("starting the governed-stop watcher")?;
+    // Expired sessions get their operations cancelled and safe states run.
+    let reaper = kernel.start_session_reaper(runtime.handle());
+    Ok(Endpoint {
+        kernel,
+        auth,
+        dir,
+        device_count,
+        _watcher: watcher,
+        _reaper: reaper,
+        runtime,
+    })
+}
+
+/// The stdio caller, established once from the launching environment: a
+/// missing or wrong token refuses start-up (fail closed).
+pub fn stdio_principal(
+    auth: &tether_server::auth::Authenticator,
+    token_env: &str,
+) -> Result<Principal, ExitCode> {
+    let token = std::env::var(token_env).ok();
+    auth.authenticate(token.as_deref()).map_err(|e| {
+        eprintln!(
+            "tether: {} ({}): set {token_env} to this caller's token",
+            e.message, e.code
+        );
+        ExitCode::from(2)
+    })
+}
