@@ -9,7 +9,8 @@
 //! **Never belongs here:** limits, latches, grants, receipts (the kernel),
 //! SQL (the store), device protocols (drivers).
 //!
-//! **Depends on:** tether-core, tether-kernel, tether-store, rmcp, axum. **Depended on by:** tether-cli.
+//! **Depends on:** tether-core, tether-kernel, axum, tokio, rmcp, serde_json (the store only
+//! through the kernel). **Depended on by:** tether-cli.
 #![deny(missing_docs)]
 
 pub mod auth;

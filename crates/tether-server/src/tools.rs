@@ -21,6 +21,9 @@ use tether_kernel::Kernel;
 /// Name of the always-listed e-stop tool.
 pub const ESTOP_TOOL: &str = "estop";
 
+/// Longest `reason` the e-stop tool's input schema advertises, in characters.
+pub(crate) const ESTOP_REASON_CHARS_MAX: usize = 512;
+
 /// What a tool does, which decides how surfaces annotate and answer it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolKind {
@@ -194,7 +197,7 @@ fn estop_tool() -> Tool {
             "additionalProperties": false,
             "properties": {
                 "device_id": {"type": "string", "description": "One device; omit to stop every device."},
-                "reason": {"type": "string", "maxLength": 512},
+                "reason": {"type": "string", "maxLength": ESTOP_REASON_CHARS_MAX},
             },
         }),
         description: format!(

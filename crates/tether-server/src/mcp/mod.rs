@@ -3,7 +3,8 @@
 //!
 //! The projection is deliberately thin: one tool per binding from
 //! [`crate::tools::catalogue`], device reference files as resources, and
-//! every call handed to the kernel (`Kernel::read|write|command|estop`). A
+//! every call handed to the kernel (`Kernel::read|command|estop`; a write is a
+//! command on `Route::Write`). A
 //! refusal is a tool result with `isError: true` whose text names the code so a
 //! model can correct itself; protocol defects stay errors of the protocol.
 //! Reset, permit, safe-place grant and approval routes are never tools.
@@ -48,6 +49,8 @@ const CANCEL_POLL_MS: u64 = 10;
 /// Longest a cancel is chased before the operation is left to its deadline.
 /// The kernel's own deadline (300 s by default) ends the call anyway.
 const CANCEL_CHASE_MS_MAX: u64 = 300_000;
+// A chase shorter than one poll would look for the operation only once.
+const _: () = assert!(CANCEL_POLL_MS < CANCEL_CHASE_MS_MAX);
 /// How long a connection that ended waits for its calls to record their
 /// receipts (they were cancelled; the kernel leaves a call that ignores
 /// cancellation behind after 1 s of grace).
@@ -56,6 +59,8 @@ pub const INFLIGHT_DRAIN_MS_MAX: u64 = 5_000;
 const SESSIONS_PER_CONNECTION_MAX: usize = 64;
 /// Longest e-stop reason kept (the rest is cut, never refused).
 const REASON_CHARS_MAX: usize = 512;
+// A reason the estop tool's schema accepts is kept whole.
+const _: () = assert!(REASON_CHARS_MAX >= crate::tools::ESTOP_REASON_CHARS_MAX);
 
 /// Told to every client at start: what Tether is, and what it is not.
 const INSTRUCTIONS: &str = "Tether governs these devices: every tool call is checked against declared \

@@ -9,6 +9,7 @@ use rmcp::model::{
 use rmcp::ErrorData as McpError;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use tether_core::Code;
 use tether_kernel::{ApiError, Kernel};
 
 /// Prefix of every resource URI.
@@ -38,7 +39,9 @@ pub(super) fn receipt(receipt: &Value) -> CallToolResult {
     } else {
         let e = &receipt["error"];
         let line = refusal_line(
-            e["mhs_code"].as_str().unwrap_or("MHS.OUTCOME.UNKNOWN"),
+            e["mhs_code"]
+                .as_str()
+                .unwrap_or(Code::OutcomeUnknown.as_str()),
             e["message"].as_str().unwrap_or(status),
             &e["details"],
             status,
@@ -106,7 +109,9 @@ fn estop_line(receipt: &Value, unknown: Option<&str>) -> String {
     } else {
         let e = &receipt["error"];
         line.push_str(&refusal_line(
-            e["mhs_code"].as_str().unwrap_or("MHS.OUTCOME.UNKNOWN"),
+            e["mhs_code"]
+                .as_str()
+                .unwrap_or(Code::OutcomeUnknown.as_str()),
             e["message"]
                 .as_str()
                 .unwrap_or("the stop path did not complete"),

@@ -28,6 +28,7 @@ use tether_kernel::{
 /// at every invocation, so a session never expires under a running command
 /// (an expiry would cancel it).
 const SESSION_TTL_MS: u64 = 86_400_000;
+// A session must outlive the longest command it runs (see above).
 const _: () = assert!(SESSION_TTL_MS >= DEADLINE_MS_MAX);
 /// How long an invoke whose command was not admitted waits for its rejected
 /// receipt before answering 202 instead.
@@ -39,8 +40,12 @@ const REFUSAL_WAIT: Duration = Duration::from_secs(2);
 const RIDER_BOARDING_WAIT: Duration = Duration::from_millis(5);
 /// Deadline of the device stop run by `POST /invocations/{id}/stop`.
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
+// The stop is a kernel command: the kernel refuses a deadline over DEADLINE_MS_MAX.
+const _: () = assert!(STOP_DEADLINE.as_millis() <= DEADLINE_MS_MAX as u128);
 /// Longest e-stop reason kept.
 const REASON_CHARS_MAX: usize = 512;
+// A reason the estop tool's schema accepts is kept whole.
+const _: () = assert!(REASON_CHARS_MAX >= crate::tools::ESTOP_REASON_CHARS_MAX);
 
 /// The body of `POST /tools/{id}:invoke`. A member may be absent but never
 /// `null` (strict: `null` is not a value of any of them).
@@ -802,11 +807,12 @@ fn api_error_json(e: &ApiError) -> Value {
 /// the invocation that retains it.
 fn refusal_error(inv_id: &str, rejected: &Value) -> RestError {
     let err = &rejected["error"];
-    let code_name = err["mhs_code"]
+    // A code the registry does not know (or none) is an internal error.
+    let code = err["mhs_code"]
         .as_str()
         .or_else(|| err["code"].as_str())
-        .unwrap_or("MHS.PROTOCOL.INTERNAL");
-    let code = Code::from_name(code_name).unwrap_or(Code::ProtocolInternal);
+        .and_then(Code::from_name)
+        .unwrap_or(Code::ProtocolInternal);
     let mut details = if err["details"].is_object() {
         err["details"].clone()
     } else {

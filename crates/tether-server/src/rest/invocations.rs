@@ -17,6 +17,7 @@
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use tether_core::canonical::{object_text, CanonicalText, Member, MembersError, MAX_BODY_DEPTH};
+use tether_core::Code;
 use tether_kernel::{Answer, CancelToken};
 
 /// Invocations running at once; a new one beyond this is refused (503).
@@ -304,7 +305,7 @@ impl Record {
                     record.status = "unknown".to_owned();
                     record.receipt = None;
                     record.error = Some(json!({
-                        "mhs_code": "MHS.OUTCOME.UNKNOWN",
+                        "mhs_code": Code::OutcomeUnknown.as_str(),
                         "retryable": false,
                         "message": "accepted durably, but no outcome was recorded (the endpoint stopped while it ran); read the device before acting again",
                         "details": {"reason": "no_receipt_recorded", "stopped": false},

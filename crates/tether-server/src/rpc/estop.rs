@@ -1,0 +1,223 @@
+//! The e-stop on JSON-RPC: recognising one in any request, however malformed
+//! (a request is an e-stop by what it asks for, not by how well it is
+//! written), and serving it leniently: nothing about its params may prevent
+//! the stop; a defect widens it to every device.
+//!
+//! **Never belongs here:** the latch, its receipt or which devices a stop
+//! reaches once asked (the kernel's `estop`), and any other method.
+
+use serde_json::{json, Value};
+use tether_core::catalogue;
+use tether_core::Code;
+use tether_kernel::{deadline_from_ms, ApiError, EstopRequest, Kernel, Principal};
+
+/// Longest e-stop reason kept (the rest is cut, never refused).
+const REASON_CHARS_MAX: usize = 512;
+/// Entries of `device_ids` looked at, at most (the rest is ignored).
+const DEVICE_IDS_MAX: usize = 1024;
+
+/// The text read the permissive way (`serde_json`'s: the last duplicate key
+/// wins, depth bounded by its recursion limit), only to recognise an e-stop.
+pub(super) fn lenient_parse(text: &str) -> Option<Value> {
+    serde_json::from_str(text).ok()
+}
+
+/// Whether text that is not strict JSON reads as an e-stop: some `"method"`
+/// member names `mhs.safety.estop`, or an `mhs.command` names the e-stop
+/// class. A textual look, bounded by the (≤ 1 MiB) text; a false positive
+/// stops devices, which for a request that mentions the e-stop is the safe
+/// mistake.
+pub(super) fn names_estop_loosely(text: &str) -> bool {
+    let method_is = |wanted: &str| crate::text_member_is(text, "method", wanted);
+    method_is("\"mhs.safety.estop\"")
+        || (method_is("\"mhs.command\"") && text.contains(&format!("\"{}\"", catalogue::ESTOP)))
+}
+
+/// Whether a JSON object asks for an e-stop (by method, whatever the envelope).
+pub(super) fn estop_target(obj: &serde_json::Map<String, Value>) -> bool {
+    match obj.get("method").and_then(Value::as_str) {
+        Some("mhs.safety.estop") => true,
+        Some("mhs.command") => is_estop_command(obj.get("params")),
+        _ => false,
+    }
+}
+
+/// Whether the params of an `mhs.command` name the e-stop class.
+pub(super) fn is_estop_command(params: Option<&Value>) -> bool {
+    params
+        .and_then(|p| p.get("capability_id"))
+        .and_then(Value::as_str)
+        == Some(catalogue::ESTOP)
+}
+
+/// Serves the e-stop of a request whose envelope (or text) is defective,
+/// recording the defect in the latch's reason; answers the receipt.
+pub(super) async fn serve_malformed_estop(
+    kernel: &Kernel,
+    principal: &Principal,
+    obj: &serde_json::Map<String, Value>,
+    defect: &str,
+) -> Value {
+    // Params that cannot be used are ignored: the stop covers every device.
+    let params = obj.get("params").and_then(Value::as_object);
+    let device_ids: Vec<String> = params
+        .and_then(|p| p.get("device_id"))
+        .and_then(Value::as_str)
+        .map(|s| vec![s.to_owned()])
+        .into_iter()
+        .flatten()
+        .filter(|id| kernel.device_ids().contains(id))
+        .collect();
+    let reason = params
+        .and_then(|p| p.get("reason"))
+        .and_then(Value::as_str)
+        .unwrap_or("e-stop")
+        .chars()
+        .take(REASON_CHARS_MAX)
+        .collect::<String>();
+    kernel
+        .estop(EstopRequest {
+            device_ids,
+            reason,
+            envelope_defect: Some(defect.to_owned()),
+            requested_by: Some(principal.clone()),
+            session_id: None,
+            deadline: None,
+        })
+        .await
+}
+
+/// Params of an e-stop are read leniently: nothing about them may prevent the stop.
+fn estop_request(
+    principal: &Principal,
+    params: &Value,
+    kernel: &Kernel,
+) -> (EstopRequest, Option<ApiError>) {
+    let mut ids = Vec::new();
+    let mut error = None;
+    let mut add = |v: &Value| match v.as_str() {
+        Some(id) if kernel.device_ids().iter().any(|d| d == id) => ids.push(id.to_owned()),
+        Some(id) => {
+            error = Some(ApiError::new(
+                Code::DeviceUnknown,
+                format!("no device `{id}` is served here"),
+                json!({"device_id": id}),
+            ));
+        }
+        None => {}
+    };
+    if let Some(v) = params.get("device_id") {
+        add(v);
+    }
+    if let Some(Value::Array(list)) = params.get("device_ids") {
+        list.iter().take(DEVICE_IDS_MAX).for_each(&mut add);
+    }
+    let reason = params
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .chars()
+        .take(REASON_CHARS_MAX)
+        .collect();
+    let session_id = params
+        .get("session_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    (
+        EstopRequest {
+            device_ids: ids,
+            reason,
+            envelope_defect: None,
+            requested_by: Some(principal.clone()),
+            session_id,
+            // An invalid deadline is ignored (the device's budget applies).
+            deadline: params
+                .get("deadline_ms")
+                .and_then(Value::as_u64)
+                .and_then(deadline_from_ms),
+        },
+        error,
+    )
+}
+
+/// Serves a well-formed e-stop. A well-formed but unknown device id stops
+/// nothing and is `MHS.DEVICE.UNKNOWN`.
+pub(super) async fn serve_estop(
+    kernel: &Kernel,
+    p: &Principal,
+    params: &Value,
+) -> Result<Value, ApiError> {
+    if let Some(defect) = estop_params_defect(params) {
+        return Err(serve_estop_with_defective_params(kernel, p, params, defect).await);
+    }
+    let (req, error) = estop_request(p, params, kernel);
+    match error {
+        Some(e) if req.device_ids.is_empty() => Err(e),
+        _ => Ok(kernel.estop(req).await),
+    }
+}
+
+/// Serves the command form of the e-stop (`mhs.command` of the e-stop
+/// class): it shares the e-stop path, so it needs no session, grant or valid
+/// command_id, and is never refused by them.
+pub(super) async fn serve_estop_command(
+    kernel: &Kernel,
+    p: &Principal,
+    params: &Value,
+) -> Result<Value, ApiError> {
+    let mut stop = params.clone();
+    if let Some(reason) = params.get("input").and_then(|i| i.get("reason")) {
+        stop["reason"] = reason.clone();
+    }
+    serve_estop(kernel, p, &stop).await
+}
+
+/// A member of e-stop params that is present but cannot be used: the request
+/// is still an e-stop (recognised by its method), so it is served — but on
+/// every device, since which one it meant is unknown.
+pub(crate) fn estop_params_defect(params: &Value) -> Option<String> {
+    let not_string = |name: &str| params.get(name).is_some_and(|v| !v.is_string());
+    for name in ["device_id", "reason", "session_id"] {
+        if not_string(name) {
+            return Some(format!("`{name}` must be a string"));
+        }
+    }
+    match params.get("device_ids") {
+        Some(Value::Array(ids)) if ids.iter().all(Value::is_string) => None,
+        Some(_) => Some("`device_ids` must be an array of strings".into()),
+        None => None,
+    }
+}
+
+/// Latches every device for an e-stop whose params are defective, recording
+/// the defect in the latch's reason, and answers the defect's error with
+/// `estop_served` and the receipt.
+async fn serve_estop_with_defective_params(
+    kernel: &Kernel,
+    p: &Principal,
+    params: &Value,
+    defect: String,
+) -> ApiError {
+    let reason = params
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("e-stop")
+        .chars()
+        .take(REASON_CHARS_MAX)
+        .collect::<String>();
+    let receipt = kernel
+        .estop(EstopRequest {
+            device_ids: Vec::new(),
+            reason,
+            envelope_defect: Some(defect.clone()),
+            requested_by: Some(p.clone()),
+            session_id: None,
+            deadline: None,
+        })
+        .await;
+    ApiError::new(
+        Code::ProtocolInvalidParams,
+        format!("invalid e-stop params: {defect}; every device was stopped"),
+        json!({"reason": "params_invalid", "message": defect, "estop_served": true, "receipt": receipt}),
+    )
+}
