@@ -16,15 +16,15 @@
 //! revision moves, and the rejected receipt is evidence but never the
 //! recorded outcome of its `command_id`.
 
+use crate::admit::arrival::Arrival;
 use crate::admit::resolve::{idempotency_key, resolve, Resolve};
+use crate::check::Effects;
 use crate::dispatch::answer::Answer;
 use crate::dispatch::rider::Rider;
 use crate::kernel::{Kernel, Principal};
-use crate::{ApiError, CommandOptions, CommandRequest, Route, DEADLINE_MS_MAX};
+use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
-use tether_core::catalogue::{self};
-use tether_core::ids::CommandId;
+use std::time::Instant;
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal};
 use tether_store::canonical;
@@ -32,8 +32,12 @@ use tether_store::canonical;
 /// Everything the steps after binding resolution need to know.
 pub(crate) struct Ctx {
     pub device: usize,
+    /// The binding; `usize::MAX` before one is resolved (a refusal of step
+    /// 3, or a stop's or reset's own receipt).
     pub binding: usize,
     pub command_id: String,
+    /// Whether this endpoint minted `command_id` (new by construction).
+    pub id_minted: bool,
     pub digest: String,
     /// Idempotency key: the binding and the input digest, so one id can
     /// never replay another binding's receipt.
@@ -57,12 +61,43 @@ pub(crate) struct Ctx {
     pub rider: Option<Rider>,
 }
 
+impl Ctx {
+    /// A context for `command_id` on device `device` that knows nothing
+    /// else yet: no binding, no input, accepted now, due now. Callers fill
+    /// in what they know with struct-update syntax.
+    pub(crate) fn bare(device: usize, command_id: String, principal: Principal) -> Self {
+        let now = Instant::now();
+        Self {
+            device,
+            binding: usize::MAX,
+            command_id,
+            id_minted: false,
+            digest: String::new(),
+            key: String::new(),
+            input: Value::Null,
+            principal,
+            session_id: None,
+            accepted_at_ms: now_ms(),
+            t0: now,
+            deadline: now,
+            expected_revision: None,
+            safe_place_grant: None,
+            permit_id: None,
+            policy: std::sync::OnceLock::new(),
+            approval: std::sync::OnceLock::new(),
+            new_approval: std::sync::OnceLock::new(),
+            rider: None,
+        }
+    }
+}
+
 impl Kernel {
-    /// `mhs.command` and `mhs.resource.write`: the whole evaluation order.
-    /// Answers a receipt, also when refused; with its canonical text when it
-    /// has one (see [`Answer`]), so a dispatched command's receipt is written
-    /// once and never built as a value. `options` carry the caller's cancel
-    /// token, admission signal and rider (see [`CommandOptions`]).
+    /// `mhs.command` and `mhs.resource.write`: the whole evaluation order,
+    /// one stage per line. Answers a receipt, also when refused; with its
+    /// canonical text when it has one (see [`Answer`]), so a dispatched
+    /// command's receipt is written once and never built as a value.
+    /// `options` carry the caller's cancel token, admission signal and rider
+    /// (see [`CommandOptions`]).
     ///
     /// # Errors
     /// Protocol-level refusals only (session, device, params, a write to a
@@ -74,224 +109,89 @@ impl Kernel {
         mut req: CommandRequest,
         options: CommandOptions,
     ) -> Result<Answer, ApiError> {
-        if req.route == Route::Write {
-            self.write_route(&mut req)?;
-        }
         let CommandOptions {
             cancel,
             on_admit,
             rider,
         } = options;
-        let t0 = Instant::now();
-        let accepted_at_ms = now_ms();
-        // An id the endpoint mints is new by construction (a ULID: time plus
-        // 80 random bits), so step 4 needs no look-up in the store for it.
-        let minted_id = req.command_id.is_none();
-        let command_id = match &req.command_id {
-            Some(raw) => CommandId::parse(raw)
-                .map_err(|e| {
-                    ApiError::new(
-                        Code::ProtocolInvalidParams,
-                        format!("command_id: {e}"),
-                        json!({"reason": "command_id_invalid"}),
-                    )
-                })?
-                .as_str()
-                .to_owned(),
-            None => CommandId::mint().as_str().to_owned(),
-        };
-        let d = self
-            .device_index(&req.device_id)
-            .ok_or_else(|| self.unknown_device(&req.device_id))?;
-        let dev = &self.inner.devices[d];
-        // Step 2a: a live session of the caller (grant checked after resolution).
-        self.check_grant(p, req.session_id.as_deref(), |_| true, json!({}))?;
-        let digest = canonical::digest(&req.input);
-        let deadline = self.deadline_from(t0, req.deadline)?;
-        let early = |code: Code, message: String, details: Value| {
-            Ctx {
-                device: d,
-                binding: usize::MAX,
-                command_id: command_id.clone(),
-                digest: digest.clone(),
-                key: String::new(),
-                input: Value::Null,
-                principal: p.clone(),
-                session_id: req.session_id.clone(),
-                accepted_at_ms,
-                t0,
-                deadline,
-                expected_revision: None,
-                safe_place_grant: None,
-                permit_id: None,
-                policy: std::sync::OnceLock::new(),
-                approval: std::sync::OnceLock::new(),
-                new_approval: std::sync::OnceLock::new(),
-                rider: rider.clone(),
-            }
-            .pre_binding_refusal(code, message, details, &req)
-        };
-        // Step 3: binding resolution.
-        let bi = match resolve(dev, &req.capability_id, req.resource.as_deref()) {
-            Resolve::Found(bi) => bi,
-            Resolve::Unknown => {
-                let (ctx, refusal, cap, res) = early(
-                    Code::CapabilityUnknown,
-                    format!(
-                        "`{}` is not bound on device `{}`",
-                        req.capability_id, req.device_id
-                    ),
-                    json!({"capability_id": req.capability_id, "bound": dev.spec.bindings.iter().map(|b| b.capability_id.clone()).collect::<Vec<_>>()}),
-                );
-                return Ok(self
-                    .reject(&ctx, &cap, res.as_deref(), refusal)
-                    .await
-                    .into());
-            }
-            Resolve::NotBound(bound) => {
-                let (ctx, refusal, cap, res) = early(
-                    Code::CapabilityNotBound,
-                    format!(
-                        "`{}` is not bound to resource `{}`",
-                        req.capability_id,
-                        req.resource.clone().unwrap_or_default()
-                    ),
-                    json!({"bound_resources": bound}),
-                );
-                return Ok(self
-                    .reject(&ctx, &cap, res.as_deref(), refusal)
-                    .await
-                    .into());
-            }
-            Resolve::ResourceRequired(resources) => {
-                return Err(ApiError::new(
-                    Code::ProtocolInvalidParams,
-                    format!(
-                        "`{}` is bound to several resources; name one",
-                        req.capability_id
-                    ),
-                    json!({"reason": "resource_required", "resources": resources}),
-                ))
-            }
-        };
-        let (b, _) = dev.binding(bi);
-        // Step 2b: the resolved binding is granted.
-        let sid = self.check_grant(
-            p,
-            req.session_id.as_deref(),
-            |s| s.grants.contains(&(d, bi)),
-            json!({"device_id": req.device_id, "capability_id": b.capability_id, "resource": b.resource}),
-        )?;
-        if b.catalogued && b.capability_id == catalogue::ESTOP {
-            let reason = req
-                .input
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or("e-stop command")
-                .to_owned();
-            return Ok(self
-                .estop_devices(vec![d], &reason, Some(p.clone()), None, Some(&command_id))
-                .await
-                .into());
+        if req.route == Route::Write {
+            self.write_route(&mut req)?; // a write names the configure binding
         }
-        let key = idempotency_key(&p.id, dev.id(), &b.capability_id, &b.resource, &digest);
-        // A request without its own id that repeats a held one (same
-        // principal, binding and input) takes that hold's id, so it resumes
-        // the approval instead of making another.
-        let (command_id, minted_id) = match minted_id
-            .then(|| self.open_approval_command_id(&p.id, &key))
-            .flatten()
-        {
-            Some(held) => (held, false),
-            None => (command_id, minted_id),
-        };
-        let ctx = Ctx {
-            device: d,
-            binding: bi,
-            command_id,
-            key,
-            digest,
-            input: req.input,
-            principal: p.clone(),
-            session_id: Some(sid),
-            accepted_at_ms,
-            t0,
-            deadline,
-            expected_revision: req.expected_revision,
-            safe_place_grant: req.safe_place_grant.clone(),
-            permit_id: req.permit_id.clone(),
-            policy: std::sync::OnceLock::new(),
-            approval: std::sync::OnceLock::new(),
-            new_approval: std::sync::OnceLock::new(),
-            rider,
-        };
-        // Step 4: idempotency.
-        let begin = if minted_id {
-            self.claim_minted(&ctx.command_id, &ctx.key)
-        } else {
-            self.begin_idempotent(&ctx.command_id, &ctx.key)
-        };
-        match begin {
-            Ok(None) => {}
-            Ok(Some(replay)) => return Ok(replay.into()),
-            Err(reason) => {
-                let refusal = Refusal::new(
-                    Code::ConflictCommandIdReuse,
-                    format!(
-                        "command_id `{}` was already used ({reason})",
-                        ctx.command_id
-                    ),
-                    json!({"reason": reason, "command_id": ctx.command_id}),
-                );
-                return Ok(self.reject_binding(&ctx, refusal).await.into());
+        let arrival = self.arrive(p, &req)?; // the id, the device, step 2a, the deadline
+        let binding = match self.resolve_step(&req, arrival.device)? {
+            Ok(binding) => binding, // step 3
+            Err(refusal) => {
+                return Ok(self
+                    .reject_unresolved(p, &req, &arrival, rider, refusal)
+                    .await)
             }
+        };
+        let session_id = self.grant_step(p, &req, arrival.device, binding)?; // step 2b
+        if self.is_estop_binding(arrival.device, binding) {
+            return Ok(self.estop_binding(p, &req, &arrival).await); // stops skip the rest
         }
-        match self.admit(&ctx, true) {
+        let ctx = self.context(p, req, arrival, (binding, session_id), rider);
+        if let Err(answer) = self.claim_step(&ctx).await {
+            return Ok(answer); // step 4: a replay, or a reused id refused
+        }
+        match self.checks(&ctx, Effects::Real) {
+            // steps 5 to 11
             Ok(admitted) => {
                 if let Some(tx) = on_admit {
                     // The receiver may have stopped waiting; dispatch goes on.
                     let _ = tx.send(());
                 }
-                self.dispatch(ctx, admitted, cancel).await
+                self.dispatch(ctx, admitted, cancel).await // step 12
             }
-            Err(refusal) => {
-                // A hold answers only once its approval is durable.
-                let refusal = match ctx.new_approval.get() {
-                    Some(id) => match self.persist_new_approval(id).await {
-                        Ok(()) => refusal,
-                        Err(e) => e,
-                    },
-                    None => refusal,
-                };
-                self.abort_idempotent(&ctx.command_id);
-                Ok(self.reject_binding(&ctx, refusal).await.into())
-            }
+            Err(refusal) => Ok(self.refuse_checked(&ctx, refusal).await),
         }
     }
 
-    /// When a command arriving at `t0` must be done: its own deadline (at
-    /// most [`DEADLINE_MS_MAX`]) or the configured default.
-    ///
-    /// # Errors
-    /// A deadline longer than [`DEADLINE_MS_MAX`], or one the clock cannot
-    /// represent.
-    pub(crate) fn deadline_from(
+    /// The command's context once its binding is granted: the idempotency
+    /// key, and the `command_id` — a request without its own id that
+    /// repeats a held one (same principal, binding and input) takes that
+    /// hold's id, so it resumes the approval instead of making another.
+    fn context(
         &self,
-        t0: Instant,
-        asked: Option<Duration>,
-    ) -> Result<Instant, ApiError> {
-        let budget = asked.unwrap_or(Duration::from_millis(self.inner.config.default_deadline_ms));
-        let invalid = || {
-            ApiError::new(
-                Code::ProtocolInvalidParams,
-                format!("deadline_ms must be between 1 and {DEADLINE_MS_MAX}"),
-                json!({"reason": "deadline_invalid"}),
-            )
+        p: &Principal,
+        req: CommandRequest,
+        arrival: Arrival,
+        (binding, session_id): (usize, String),
+        rider: Option<Rider>,
+    ) -> Ctx {
+        let dev = &self.inner.devices[arrival.device];
+        let (b, _) = dev.binding(binding);
+        let key = idempotency_key(
+            &p.id,
+            dev.id(),
+            &b.capability_id,
+            &b.resource,
+            &arrival.digest,
+        );
+        let held = arrival
+            .id_minted
+            .then(|| self.open_approval_command_id(&p.id, &key))
+            .flatten();
+        let (command_id, id_minted) = match held {
+            Some(held) => (held, false),
+            None => (arrival.command_id, arrival.id_minted),
         };
-        if asked.is_some_and(|d| d.as_millis() > u128::from(DEADLINE_MS_MAX)) {
-            return Err(invalid());
+        Ctx {
+            binding,
+            id_minted,
+            key,
+            digest: arrival.digest,
+            input: req.input,
+            session_id: Some(session_id),
+            accepted_at_ms: arrival.accepted_at_ms,
+            t0: arrival.t0,
+            deadline: arrival.deadline,
+            expected_revision: req.expected_revision,
+            safe_place_grant: req.safe_place_grant,
+            permit_id: req.permit_id,
+            rider,
+            ..Ctx::bare(arrival.device, command_id, p.clone())
         }
-        t0.checked_add(budget).ok_or_else(invalid)
     }
 
     /// The `command_id` of an open hold (pending, or approved and unused)
@@ -396,50 +296,22 @@ impl Kernel {
             |s| s.grants.contains(&(d, bi)),
             json!({}),
         )?;
-        let now = Instant::now();
         let ctx = Ctx {
-            device: d,
             binding: bi,
-            command_id: "preflight".into(),
-            digest: String::new(),
-            key: String::new(),
             input: req.input.clone(),
-            principal: p.clone(),
             session_id: Some(sid),
             accepted_at_ms: 0,
-            t0: now,
-            deadline: now,
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant.clone(),
             permit_id: req.permit_id.clone(),
-            policy: std::sync::OnceLock::new(),
-            approval: std::sync::OnceLock::new(),
-            new_approval: std::sync::OnceLock::new(),
-            rider: None,
+            ..Ctx::bare(d, "preflight".into(), p.clone())
         };
-        match self.admit(&ctx, false) {
+        match self.checks(&ctx, Effects::DryRun) {
             Ok(admitted) => {
                 self.release_budgets(&admitted.reservations);
                 Ok(None)
             }
             Err(r) => Ok(Some(r)),
         }
-    }
-}
-
-impl Ctx {
-    fn pre_binding_refusal(
-        self,
-        code: Code,
-        message: String,
-        details: Value,
-        req: &CommandRequest,
-    ) -> (Ctx, Refusal, String, Option<String>) {
-        (
-            self,
-            Refusal::new(code, message, details),
-            req.capability_id.clone(),
-            req.resource.clone(),
-        )
     }
 }

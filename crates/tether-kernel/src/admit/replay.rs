@@ -9,15 +9,46 @@
 //! id (`index_unavailable`, `store_unavailable`); it is never run on a guess.
 
 use crate::admit::idempotency::Begin;
+use crate::dispatch::answer::Answer;
 use crate::kernel::Kernel;
+use crate::order::Ctx;
 use serde_json::{json, Value};
+use tether_core::{Code, Refusal};
 
+/// A retained receipt answered again: marked `"replayed": true`.
 pub(crate) fn replayed(mut r: Value) -> Value {
     r["replayed"] = json!(true);
     r
 }
 
 impl Kernel {
+    /// Step 4: claims the command's id. `Err` is the answer instead of
+    /// running: the retained receipt of an id already run (a replay), or a
+    /// rejected receipt when the id is bound to something else or cannot be
+    /// checked.
+    pub(crate) async fn claim_step(&self, ctx: &Ctx) -> Result<(), Answer> {
+        let begin = if ctx.id_minted {
+            self.claim_minted(&ctx.command_id, &ctx.key)
+        } else {
+            self.begin_idempotent(&ctx.command_id, &ctx.key)
+        };
+        match begin {
+            Ok(None) => Ok(()),
+            Ok(Some(replay)) => Err(replay.into()),
+            Err(reason) => {
+                let refusal = Refusal::new(
+                    Code::ConflictCommandIdReuse,
+                    format!(
+                        "command_id `{}` was already used ({reason})",
+                        ctx.command_id
+                    ),
+                    json!({"reason": reason, "command_id": ctx.command_id}),
+                );
+                Err(self.reject_binding(ctx, refusal).await.into())
+            }
+        }
+    }
+
     pub(crate) fn begin_idempotent(
         &self,
         command_id: &str,

@@ -8,12 +8,17 @@
 //! **Fail-closed rule:** a name that matches no binding, or several when
 //! no resource is named, never falls back to a default binding.
 
-use crate::kernel::{DeviceRt, Kernel};
+use crate::admit::arrival::Arrival;
+use crate::dispatch::answer::Answer;
+use crate::dispatch::rider::Rider;
+use crate::kernel::{DeviceRt, Kernel, Principal};
 use crate::loader::BindingSpec;
+use crate::order::Ctx;
 use crate::{ApiError, CommandRequest};
 use serde_json::json;
 use tether_core::catalogue::{self};
 use tether_core::Code;
+use tether_core::Refusal;
 
 pub(crate) enum Resolve {
     Found(usize),
@@ -100,5 +105,72 @@ impl Kernel {
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
         Ok(())
+    }
+
+    /// Step 3: the binding `req` names on device `d`. A name that matches
+    /// no binding is refused with a rejected receipt (`Ok(Err(refusal))`);
+    /// a class bound to several resources without one named is a protocol
+    /// error.
+    ///
+    /// # Errors
+    /// `resource_required`.
+    pub(crate) fn resolve_step(
+        &self,
+        req: &CommandRequest,
+        d: usize,
+    ) -> Result<Result<usize, Refusal>, ApiError> {
+        let dev = &self.inner.devices[d];
+        match resolve(dev, &req.capability_id, req.resource.as_deref()) {
+            Resolve::Found(bi) => Ok(Ok(bi)),
+            Resolve::Unknown => Ok(Err(Refusal::new(
+                Code::CapabilityUnknown,
+                format!(
+                    "`{}` is not bound on device `{}`",
+                    req.capability_id, req.device_id
+                ),
+                json!({"capability_id": req.capability_id, "bound": dev.spec.bindings.iter().map(|b| b.capability_id.clone()).collect::<Vec<_>>()}),
+            ))),
+            Resolve::NotBound(bound) => Ok(Err(Refusal::new(
+                Code::CapabilityNotBound,
+                format!(
+                    "`{}` is not bound to resource `{}`",
+                    req.capability_id,
+                    req.resource.clone().unwrap_or_default()
+                ),
+                json!({"bound_resources": bound}),
+            ))),
+            Resolve::ResourceRequired(resources) => Err(ApiError::new(
+                Code::ProtocolInvalidParams,
+                format!(
+                    "`{}` is bound to several resources; name one",
+                    req.capability_id
+                ),
+                json!({"reason": "resource_required", "resources": resources}),
+            )),
+        }
+    }
+
+    /// The rejected receipt of a command whose binding step 3 did not find:
+    /// it names the capability and resource as asked.
+    pub(crate) async fn reject_unresolved(
+        &self,
+        p: &Principal,
+        req: &CommandRequest,
+        arrival: &Arrival,
+        rider: Option<Rider>,
+        refusal: Refusal,
+    ) -> Answer {
+        let ctx = Ctx {
+            digest: arrival.digest.clone(),
+            session_id: req.session_id.clone(),
+            accepted_at_ms: arrival.accepted_at_ms,
+            t0: arrival.t0,
+            deadline: arrival.deadline,
+            rider,
+            ..Ctx::bare(arrival.device, arrival.command_id.clone(), p.clone())
+        };
+        self.reject(&ctx, &req.capability_id, req.resource.as_deref(), refusal)
+            .await
+            .into()
     }
 }

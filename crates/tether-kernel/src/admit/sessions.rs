@@ -10,7 +10,7 @@
 
 use crate::admit::session::{Session, SessionFault};
 use crate::kernel::{Kernel, Principal};
-use crate::{ApiError, GrantRequest, SessionOpen};
+use crate::{ApiError, CommandRequest, GrantRequest, SessionOpen};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tether_core::catalogue::{self};
@@ -280,5 +280,25 @@ impl Kernel {
             ));
         }
         Ok(sid.to_owned())
+    }
+
+    /// Step 2b: the resolved binding is granted to the caller's session.
+    ///
+    /// # Errors
+    /// Session errors; `SESSION.CAPABILITY_NOT_GRANTED`.
+    pub(crate) fn grant_step(
+        &self,
+        p: &Principal,
+        req: &CommandRequest,
+        d: usize,
+        bi: usize,
+    ) -> Result<String, ApiError> {
+        let b = &self.inner.devices[d].spec.bindings[bi];
+        self.check_grant(
+            p,
+            req.session_id.as_deref(),
+            |s| s.grants.contains(&(d, bi)),
+            json!({"device_id": req.device_id, "capability_id": b.capability_id, "resource": b.resource}),
+        )
     }
 }

@@ -126,4 +126,17 @@ impl Kernel {
             }
         }
     }
+
+    /// Step 10's budgets: an effectful command reserves every draw it makes.
+    pub(crate) fn budget_step(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+    ) -> Result<Vec<BudgetRow>, Refusal> {
+        if Kernel::is_effectful(b) {
+            self.reserve_budgets(ctx, b)
+        } else {
+            Ok(Vec::new())
+        }
+    }
 }

@@ -7,8 +7,11 @@
 //! **Fail-closed rule:** latched means refused, whatever else the command
 //! carries.
 
-use crate::kernel::DeviceRt;
+use crate::kernel::{DeviceRt, Kernel};
+use crate::loader::BindingSpec;
+use crate::order::Ctx;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 use tether_core::{Code, Refusal};
 
 pub(crate) fn latched_refusal(dev: &DeviceRt) -> Refusal {
@@ -21,4 +24,24 @@ pub(crate) fn latched_refusal(dev: &DeviceRt) -> Refusal {
         ),
         json!({"device_id": dev.id(), "latched_since_ms": info.since_ms, "latch_reason": info.reason}),
     )
+}
+
+impl Kernel {
+    /// Step 5: an effectful command on a latched device is refused, unless
+    /// it carries an operator's safe-place grant for exactly this command
+    /// (checked here, consumed when the operation registers).
+    pub(crate) fn latch_step(
+        &self,
+        ctx: &Ctx,
+        dev: &DeviceRt,
+        b: &BindingSpec,
+    ) -> Result<(), Refusal> {
+        if !Kernel::is_effectful(b) || !dev.latched.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        match &ctx.safe_place_grant {
+            Some(g) => self.check_grant_for(g, ctx.device, ctx.binding, &ctx.digest, false),
+            None => Err(latched_refusal(dev)),
+        }
+    }
 }

@@ -17,134 +17,76 @@ pub(crate) mod budgets;
 pub(crate) mod fields;
 pub(crate) mod interlocks;
 pub(crate) mod latch;
+pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod permits;
 pub mod policy;
 pub(crate) mod structure;
 
 use crate::check::interlocks::check_interlocks;
-use crate::check::latch::latched_refusal;
-use crate::check::mode::{check_armed, check_authority};
-use crate::check::policy::PolicyStep;
-use crate::check::structure::{check_configure_fields, check_schema};
+use crate::check::limits::limits_step;
+use crate::check::mode::mode_step;
+use crate::check::structure::{check_schema, structure_step};
+use crate::dispatch::answer::Answer;
 use crate::kernel::Kernel;
 use crate::order::Ctx;
-use serde_json::json;
-use std::sync::atomic::Ordering;
-use tether_core::catalogue::{self};
-use tether_core::manifest::{Mode, RiskClass};
-use tether_core::{Code, Refusal};
+use tether_core::Refusal;
 use tether_store::BudgetRow;
 
-/// What admission hands to dispatch.
+/// What the checks hand to dispatch.
 pub(crate) struct Admitted {
+    /// Budget draws reserved in the ledger: drawn durably with the
+    /// admission, released on any later refusal.
     pub(crate) reservations: Vec<BudgetRow>,
 }
 
+/// Whether the checks may leave what a real command leaves (a new approval
+/// for a hold), or must leave nothing at all (a dry run).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effects {
+    /// A command: a hold creates its approval.
+    Real,
+    /// `Kernel::preflight`: nothing is created; reservations are released
+    /// by the caller at once.
+    DryRun,
+}
+
 impl Kernel {
-    /// Steps 5 to 11. Pure checks plus the budget reservation (released by
-    /// the caller on any later refusal).
-    pub(crate) fn admit(&self, ctx: &Ctx, create: bool) -> Result<Admitted, Refusal> {
+    /// Steps 5 to 11, in order. Pure checks plus the budget reservation
+    /// (released by the caller on any later refusal).
+    pub(crate) fn checks(&self, ctx: &Ctx, effects: Effects) -> Result<Admitted, Refusal> {
         let dev = &self.inner.devices[ctx.device];
         let (b, rt) = dev.binding(ctx.binding);
-        // Step 5: latch (an operator's safe-place grant lets its one exact command through).
-        if Kernel::is_effectful(b) && dev.latched.load(Ordering::SeqCst) {
-            match &ctx.safe_place_grant {
-                Some(g) => self.check_grant_for(g, ctx.device, ctx.binding, &ctx.digest, false)?,
-                None => return Err(latched_refusal(dev)),
-            }
-        }
-        // Step 6: mode, hybrid authority, arming.
-        if dev.spec.manifest.mode == Mode::Replay && !b.is_read() {
-            return Err(Refusal::new(
-                Code::ModeReadOnly,
-                "a replay device accepts no commands",
-                json!({"mode": "replay"}),
-            ));
-        }
-        check_authority(dev, b, &ctx.principal)?;
-        check_armed(dev, b)?;
-        // Step 7: structure (configure field rules first).
-        if b.catalogued && b.capability_id == catalogue::CONFIGURE {
-            check_configure_fields(dev, &b.resource, &ctx.input)?;
-        }
-        check_schema(&rt.structure, rt.class_structure.as_ref(), &ctx.input)?;
-        // Step 8: limits on every element and leaf, then unset operator bounds.
-        if let Err(v) = b.limits.check(&ctx.input) {
-            let first = &v.first;
-            return Err(Refusal::new(
-                Code::SafetyEnvelopeViolation,
-                format!(
-                    "{} = {} violates {} bound {}{} (source: {})",
-                    first.path,
-                    first.value,
-                    first.kind.as_str(),
-                    first.bound,
-                    first
-                        .unit
-                        .as_deref()
-                        .map(|u| format!(" {u}"))
-                        .unwrap_or_default(),
-                    first.source
-                ),
-                v.to_details(),
-            ));
-        }
-        if !b.is_stop() && !b.is_read() {
-            let unset = b.limits.unset_paths(&ctx.input);
-            if !unset.is_empty() {
-                return Err(Refusal::new(
-                    Code::SafetyLimitsUnset,
-                    "the input sets a value whose bound is operator_required and no operator overlay filled it",
-                    json!({"paths": unset, "reason": "operator_required"}),
-                ));
-            }
-            // CORE-046 (strict): a physical call at R1 or above never sets a
-            // number no limit bounds. Tether always runs strict.
-            if dev.spec.manifest.mode.is_physical() && b.risk >= RiskClass::R1 {
-                let unbounded = b.limits.unlimited_set_paths(&ctx.input);
-                if !unbounded.is_empty() {
-                    return Err(Refusal::new(
-                        Code::SafetyLimitsUnset,
-                        "the input sets a number no limit bounds; a hardware call at R1 or above needs a limit on every number it sets",
-                        json!({"paths": unbounded, "reason": "no_limit"}),
-                    ));
-                }
-            }
-        }
-        // Step 9: remaining schema bounds.
-        check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?;
-        // Step 10: policy (allow / hold / deny, with the approval route), then
-        // the permit bound to the exact input digest, then budgets.
-        match self.policy_step(ctx, b, create) {
-            PolicyStep::Go { approval } => {
-                if let Some(id) = approval {
-                    let _ = ctx.approval.set(id);
-                }
-            }
-            PolicyStep::Refused {
-                refusal,
-                new_approval,
-            } => {
-                if let Some(id) = new_approval {
-                    let _ = ctx.new_approval.set(id);
-                }
-                return Err(refusal);
-            }
-        }
+        self.latch_step(ctx, dev, b)?; // 5
+        mode_step(dev, b, &ctx.principal)?; // 6: replay, hybrid authority, arming
+        structure_step(dev, b, rt, &ctx.input)?; // 7
+        limits_step(dev, b, &ctx.input)?; // 8
+        check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?; // 9: remaining bounds
+        self.policy_gate(ctx, b, effects)?; // 10: allow / hold / deny, approval route
         if let Some(id) = &ctx.permit_id {
-            self.check_permit(id, ctx, false)?;
+            self.check_permit(id, ctx, false)?; // 10: the permit of this exact input
         }
-        let reservations = if Kernel::is_effectful(b) {
-            self.reserve_budgets(ctx, b)?
-        } else {
-            Vec::new()
-        };
-        // Step 11: interlocks.
+        let reservations = self.budget_step(ctx, b)?; // 10: budgets
         if let Err(r) = check_interlocks(dev, b) {
+            // 11
             self.release_budgets(&reservations);
             return Err(r);
         }
         Ok(Admitted { reservations })
+    }
+
+    /// A command the checks refused: a hold answers only once its approval
+    /// is durable; the id claim is given back; the rejected receipt is
+    /// evidence.
+    pub(crate) async fn refuse_checked(&self, ctx: &Ctx, refusal: Refusal) -> Answer {
+        let refusal = match ctx.new_approval.get() {
+            Some(id) => match self.persist_new_approval(id).await {
+                Ok(()) => refusal,
+                Err(e) => e,
+            },
+            None => refusal,
+        };
+        self.abort_idempotent(&ctx.command_id);
+        self.reject_binding(ctx, refusal).await.into()
     }
 }

@@ -1,5 +1,4 @@
-//! Step 6: mode — hybrid authority and arming (replay is refused inline in
-//! `check/mod.rs`).
+//! Step 6: mode — a replay device, hybrid authority and arming.
 //!
 //! **Owns:** whether a model may command a resource the hardware side of a
 //! hybrid device drives, and whether a hardware device is armed.
@@ -16,6 +15,20 @@ use tether_core::{Code, Refusal};
 
 /// Step 6, hybrid authority: a model-controlled principal (an agent) never
 /// commands a resource the physical side of a hybrid device drives.
+/// Step 6: a replay device accepts no commands; then hybrid authority and
+/// arming.
+pub(crate) fn mode_step(dev: &DeviceRt, b: &BindingSpec, p: &Principal) -> Result<(), Refusal> {
+    if dev.spec.manifest.mode == Mode::Replay && !b.is_read() {
+        return Err(Refusal::new(
+            Code::ModeReadOnly,
+            "a replay device accepts no commands",
+            json!({"mode": "replay"}),
+        ));
+    }
+    check_authority(dev, b, p)?;
+    check_armed(dev, b)
+}
+
 pub(crate) fn check_authority(
     dev: &DeviceRt,
     b: &BindingSpec,

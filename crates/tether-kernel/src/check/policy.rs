@@ -5,6 +5,7 @@
 //! either "go on" or a refusal, creating approvals for holds.
 
 use crate::approvals::{Gate, Need};
+use crate::check::Effects;
 use crate::kernel::{DeviceRt, Kernel, KernelConfig, Principal, PrincipalKind};
 use crate::loader::{BindingSpec, Cell, DeviceSpec};
 use crate::order::Ctx;
@@ -254,6 +255,34 @@ impl Kernel {
                 refusal,
                 new_approval: new,
             },
+        }
+    }
+
+    /// Step 10's policy part as go-on or a refusal: an approval that covers
+    /// the command is noted for registration, one this command created for
+    /// its hold is noted to be made durable before the hold is answered.
+    pub(crate) fn policy_gate(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        effects: Effects,
+    ) -> Result<(), Refusal> {
+        match self.policy_step(ctx, b, effects == Effects::Real) {
+            PolicyStep::Go { approval } => {
+                if let Some(id) = approval {
+                    let _ = ctx.approval.set(id);
+                }
+                Ok(())
+            }
+            PolicyStep::Refused {
+                refusal,
+                new_approval,
+            } => {
+                if let Some(id) = new_approval {
+                    let _ = ctx.new_approval.set(id);
+                }
+                Err(refusal)
+            }
         }
     }
 }

@@ -7,12 +7,28 @@
 //! **Fail-closed rule:** input that does not validate, or a patch the field
 //! walk cannot finish, is refused.
 
-use crate::kernel::DeviceRt;
+use crate::kernel::{BindingRt, DeviceRt};
+use crate::loader::BindingSpec;
 use serde_json::{json, Value};
+use tether_core::catalogue;
 use tether_core::{Code, Refusal};
 
 /// Most validation errors reported for one input.
 const SCHEMA_ERRORS_MAX: usize = 16;
+
+/// Step 7: a configure patch's field rules first, then the served schema
+/// without the bounds the limits step reports (with units and sources).
+pub(crate) fn structure_step(
+    dev: &DeviceRt,
+    b: &BindingSpec,
+    rt: &BindingRt,
+    input: &Value,
+) -> Result<(), Refusal> {
+    if b.catalogued && b.capability_id == catalogue::CONFIGURE {
+        check_configure_fields(dev, &b.resource, input)?;
+    }
+    check_schema(&rt.structure, rt.class_structure.as_ref(), input)
+}
 
 pub(crate) fn check_schema(
     served: &jsonschema::Validator,

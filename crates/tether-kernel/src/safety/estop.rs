@@ -6,12 +6,16 @@
 //! then the stop path runs (`stop_path.rs`) and the answer comes within the
 //! device's stop budget. A failed stop path keeps the latch and is retried.
 
+use crate::admit::arrival::Arrival;
+use crate::dispatch::answer::Answer;
 use crate::kernel::{Kernel, LatchInfo, Principal};
 use crate::order::Ctx;
+use crate::CommandRequest;
 use crate::{ApiError, ArmRequest, EstopRequest, ResetRequest};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tether_core::catalogue;
 use tether_core::ids::{self, CommandId};
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal, Status};
@@ -127,6 +131,38 @@ impl Kernel {
         }
     }
 
+    /// Whether binding `bi` of device `d` is the catalogued e-stop class: a
+    /// command of it is served as the device's e-stop, not as a command.
+    pub(crate) fn is_estop_binding(&self, d: usize, bi: usize) -> bool {
+        let b = &self.inner.devices[d].spec.bindings[bi];
+        b.catalogued && b.capability_id == catalogue::ESTOP
+    }
+
+    /// A command of a bound `cap.motion.estop.v1`: the device's e-stop,
+    /// under the command's own id (none of the later steps apply to a stop).
+    pub(crate) async fn estop_binding(
+        &self,
+        p: &Principal,
+        req: &CommandRequest,
+        arrival: &Arrival,
+    ) -> Answer {
+        let reason = req
+            .input
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("e-stop command")
+            .to_owned();
+        self.estop_devices(
+            vec![arrival.device],
+            &reason,
+            Some(p.clone()),
+            None,
+            Some(&arrival.command_id),
+        )
+        .await
+        .into()
+    }
+
     /// The shared e-stop path for `mhs.safety.estop` and a bound
     /// `cap.motion.estop.v1`. Devices are stopped concurrently.
     pub(crate) async fn estop_devices(
@@ -219,25 +255,14 @@ impl Kernel {
         dev.stop_confirmed.store(false, Ordering::SeqCst);
         let path = self.run_stop_path(d, t0, reason, command_id).await;
         let ctx = Ctx {
-            device: d,
-            binding: usize::MAX,
-            command_id: command_id
-                .map_or_else(|| CommandId::mint().as_str().to_owned(), str::to_owned),
-            digest: String::new(),
-            key: String::new(),
-            input: Value::Null,
-            principal: by.unwrap_or_else(Principal::local_agent),
             session_id,
-            accepted_at_ms: now_ms(),
             t0,
             deadline: t0 + budget,
-            expected_revision: None,
-            safe_place_grant: None,
-            permit_id: None,
-            policy: std::sync::OnceLock::new(),
-            approval: std::sync::OnceLock::new(),
-            new_approval: std::sync::OnceLock::new(),
-            rider: None,
+            ..Ctx::bare(
+                d,
+                command_id.map_or_else(|| CommandId::mint().as_str().to_owned(), str::to_owned),
+                by.unwrap_or_else(Principal::local_agent),
+            )
         };
         let (status, output, error) = match (&path, &durable) {
             (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
@@ -382,24 +407,8 @@ impl Kernel {
             .ok_or_else(|| self.unknown_device(&req.device_id))?;
         let dev = &self.inner.devices[d];
         let ctx = Ctx {
-            device: d,
-            binding: usize::MAX,
-            command_id: CommandId::mint().as_str().to_owned(),
-            digest: String::new(),
-            key: String::new(),
-            input: Value::Null,
-            principal: p.clone(),
             session_id: req.session_id.clone(),
-            accepted_at_ms: now_ms(),
-            t0: Instant::now(),
-            deadline: Instant::now(),
-            expected_revision: None,
-            safe_place_grant: None,
-            permit_id: None,
-            policy: std::sync::OnceLock::new(),
-            approval: std::sync::OnceLock::new(),
-            new_approval: std::sync::OnceLock::new(),
-            rider: None,
+            ..Ctx::bare(d, CommandId::mint().as_str().to_owned(), p.clone())
         };
         let epoch = dev.estop_epoch.load(Ordering::SeqCst);
         if let Some(refusal) = self.reset_refusal(d, p) {
