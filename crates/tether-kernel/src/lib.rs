@@ -49,6 +49,7 @@ pub mod reference;
 mod request;
 mod safety;
 
+pub use admit::sessions::SESSION_TTL_MS_MAX;
 pub use check::policy;
 pub use dispatch::answer::Answer;
 pub use dispatch::authorized::{Authorized, CallKind};

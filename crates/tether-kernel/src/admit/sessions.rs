@@ -12,6 +12,7 @@ use crate::admit::session::{Session, SessionFault};
 use crate::kernel::{Kernel, Principal};
 use crate::{ApiError, CommandRequest, GrantRequest, SessionOpen};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tether_core::catalogue::{self};
 use tether_core::ids::{self};
@@ -20,7 +21,7 @@ use tether_core::Code;
 use tether_store::{Commit, EventDraft};
 
 /// Longest session lifetime a client may ask for, ms.
-pub(crate) const SESSION_TTL_MS_MAX: u64 = 86_400_000;
+pub const SESSION_TTL_MS_MAX: u64 = 86_400_000;
 
 pub(crate) fn session_error(fault: SessionFault, sid: &str) -> ApiError {
     match fault {
@@ -53,64 +54,12 @@ impl Kernel {
     /// # Errors
     /// Unknown devices, ungrantable capabilities, a full session table.
     pub async fn session_open(&self, p: &Principal, req: SessionOpen) -> Result<Value, ApiError> {
-        let devices: Vec<usize> = match &req.device_ids {
-            Some(ids) => ids
-                .iter()
-                .map(|id| {
-                    self.device_index(id).ok_or_else(|| {
-                        self.device(id).err().unwrap_or_else(|| {
-                            ApiError::invalid_params("device_ids", "unknown device")
-                        })
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-            None => (0..self.inner.devices.len()).collect(),
-        };
-        let mut grants = std::collections::BTreeSet::new();
-        for &d in &devices {
-            let dev = &self.inner.devices[d];
-            for (bi, b) in dev.spec.bindings.iter().enumerate() {
-                let wanted = match &req.capabilities {
-                    None => true,
-                    Some(list) => list.iter().any(|g| match g {
-                        GrantRequest::Class(k) => catalogue::key_matches(k, &b.capability_id),
-                        GrantRequest::Binding {
-                            capability_id,
-                            resource,
-                        } => capability_id == &b.capability_id && resource == &b.resource,
-                    }),
-                };
-                if wanted {
-                    grants.insert((d, bi));
-                }
-            }
-        }
-        if let Some(list) = &req.capabilities {
-            for g in list {
-                if let GrantRequest::Binding {
-                    capability_id,
-                    resource,
-                } = g
-                {
-                    let found = grants.iter().any(|&(d, bi)| {
-                        let b = &self.inner.devices[d].spec.bindings[bi];
-                        &b.capability_id == capability_id && &b.resource == resource
-                    });
-                    if !found {
-                        return Err(ApiError::new(
-                            Code::CapabilityNotBound,
-                            format!("`{capability_id}` is not bound to resource `{resource}` on the requested devices"),
-                            json!({"capability_id": capability_id, "resource": resource}),
-                        ));
-                    }
-                }
-            }
-        }
+        let grants = self.grants_asked(&req)?;
         let ttl_ms = req.ttl_ms.unwrap_or(self.inner.config.session_ttl_ms);
         if ttl_ms == 0 || ttl_ms > SESSION_TTL_MS_MAX {
             return Err(ApiError::invalid_params(
                 "ttl_ms",
-                "ttl_ms must be between 1 and 86400000",
+                format!("ttl_ms must be between 1 and {SESSION_TTL_MS_MAX}"),
             ));
         }
         let now = now_ms();
@@ -152,6 +101,66 @@ impl Kernel {
             ..Commit::default()
         });
         Ok(answer)
+    }
+
+    /// The bindings a session open asks for: of the named devices (every
+    /// device when none is named), those the requested classes, patterns or
+    /// exact bindings match (all when none is named).
+    ///
+    /// # Errors
+    /// An unknown device; an exact binding bound on none of the devices.
+    fn grants_asked(&self, req: &SessionOpen) -> Result<BTreeSet<(usize, usize)>, ApiError> {
+        let devices: Vec<usize> = match &req.device_ids {
+            Some(ids) => ids
+                .iter()
+                .map(|id| {
+                    self.device_index(id).ok_or_else(|| {
+                        self.device(id).err().unwrap_or_else(|| {
+                            ApiError::invalid_params("device_ids", "unknown device")
+                        })
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            None => (0..self.inner.devices.len()).collect(),
+        };
+        let mut grants = BTreeSet::new();
+        for &d in &devices {
+            let dev = &self.inner.devices[d];
+            for (bi, b) in dev.spec.bindings.iter().enumerate() {
+                let wanted = req.capabilities.as_ref().is_none_or(|list| {
+                    list.iter().any(|g| match g {
+                        GrantRequest::Class(k) => catalogue::key_matches(k, &b.capability_id),
+                        GrantRequest::Binding {
+                            capability_id,
+                            resource,
+                        } => capability_id == &b.capability_id && resource == &b.resource,
+                    })
+                });
+                if wanted {
+                    grants.insert((d, bi));
+                }
+            }
+        }
+        for g in req.capabilities.iter().flatten() {
+            if let GrantRequest::Binding {
+                capability_id,
+                resource,
+            } = g
+            {
+                let found = grants.iter().any(|&(d, bi)| {
+                    let b = &self.inner.devices[d].spec.bindings[bi];
+                    &b.capability_id == capability_id && &b.resource == resource
+                });
+                if !found {
+                    return Err(ApiError::new(
+                        Code::CapabilityNotBound,
+                        format!("`{capability_id}` is not bound to resource `{resource}` on the requested devices"),
+                        json!({"capability_id": capability_id, "resource": resource}),
+                    ));
+                }
+            }
+        }
+        Ok(grants)
     }
 
     /// `mhs.session.heartbeat`.

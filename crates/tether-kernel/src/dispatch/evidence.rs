@@ -13,6 +13,7 @@ use serde_json::json;
 use std::time::Duration;
 use tether_core::ids;
 use tether_core::receipt::now_ms;
+use tether_core::Code;
 use tether_store::{Commit, EventDraft, ReceiptRef, StoreError};
 
 /// Delay between attempts to reconcile a held resource.
@@ -230,7 +231,7 @@ fn unknown_receipt(
         "resource": resource,
         "status": "unknown",
         "output": null,
-        "error": {"mhs_code": "MHS.OUTCOME.UNKNOWN", "message": "the finish of this call was not recorded (the endpoint stopped while it ran); read the device before acting again", "details": {"reason": reason}, "retryable": false},
+        "error": {"mhs_code": Code::OutcomeUnknown.as_str(), "message": "the finish of this call was not recorded (the endpoint stopped while it ran); read the device before acting again", "details": {"reason": reason}, "retryable": Code::OutcomeUnknown.retryable()},
         "completed_at_ms": now_ms(),
         "replayed": false,
     })

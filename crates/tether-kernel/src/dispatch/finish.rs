@@ -15,21 +15,23 @@ use crate::order::Ctx;
 use crate::ApiError;
 use serde_json::{json, Value};
 use tether_core::catalogue::{self};
-use tether_core::{Code, Refusal, Status};
-use tether_store::{Commit, ReceiptRef, RevisionRow};
+use tether_core::{Code, Receipt, Refusal, Status};
+use tether_store::{Commit, EventDraft, ReceiptRef, RevisionRow, StoreError};
 
 impl Kernel {
+    /// Records a dispatched command's receipt and answers it: a call the
+    /// device refused before actuating is a rejection like any other; every
+    /// other outcome is the id's recorded outcome, durable before it is
+    /// answered (or answered as not durable).
     pub(crate) async fn finish(
         &self,
         ctx: Ctx,
         b: &BindingSpec,
-        (before, after): (u64, u64),
+        revisions: (u64, u64),
         (status, output, error): (Status, Option<Value>, Option<Refusal>),
         op_id: &str,
         admission: Admission,
     ) -> Result<Answer, ApiError> {
-        let dev = &self.inner.devices[ctx.device];
-        let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
         if status == Status::Rejected {
             // The device refused before actuating: no side effect, like any refusal.
             self.abort_idempotent(&ctx.command_id);
@@ -37,53 +39,15 @@ impl Kernel {
                 error.unwrap_or_else(|| Refusal::bare(Code::DeviceBusy, "the device refused"));
             return Ok(self.reject_binding(&ctx, refusal).await.into());
         }
-        let advances = !b.is_read();
-        let physical = dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b);
-        let mut output = output;
-        if is_configure && status == Status::Completed {
-            output = Some(json!({"applied": ctx.input, "revision": after}));
-        }
-        let latency_us = ctx.t0.elapsed().as_micros() as u64;
-        let mut receipt = self.receipt_base(
-            &ctx,
-            &b.capability_id,
-            Some(&b.resource),
-            status,
-            output,
-            error,
-        );
-        receipt.state_revision_before = Some(before);
-        receipt.state_revision_after = Some(after);
-        receipt.decision = Some("allow");
+        let latency_us = u64::try_from(ctx.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let receipt = self.dispatched_receipt(&ctx, b, revisions, (status, output, error));
         self.note_finished(op_id, ctx.device, &receipt);
         // The entry is where the receipt is stored (the receipts table only
         // indexes it). The commit is serialised from a borrow; the answer is
         // the receipt's canonical text, or on the value path the receipt
         // taken back out of the commit, so it is never copied as a tree.
         let (event, text) = receipt_event(&ctx, receipt, latency_us, op_id, admission);
-        let commit = Commit {
-            events: vec![event],
-            receipts: vec![ReceiptRef {
-                command_id: ctx.command_id.clone(),
-                input_digest: ctx.key.clone(),
-                event: 0,
-            }],
-            revisions: if advances {
-                vec![RevisionRow {
-                    device_id: dev.id().to_owned(),
-                    resource: b.resource.clone(),
-                    revision: after,
-                }]
-            } else {
-                Vec::new()
-            },
-            closed_ops: if Kernel::start_is_tracked(dev.spec.manifest.mode, b) {
-                vec![ctx.command_id.clone()]
-            } else {
-                Vec::new()
-            },
-            ..Commit::default()
-        };
+        let commit = self.receipt_commit(&ctx, b, event, revisions.1);
         let (durable, answer) = match text {
             // The store moves the canonical body in; the answer is the text.
             Some(text) => (self.commit_for(&ctx, commit).await, Answer::Canonical(text)),
@@ -104,29 +68,101 @@ impl Kernel {
         }
         match durable {
             Ok(_) => Ok(answer),
-            Err(e) => {
-                tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
-                let mut w = answer.into_value();
-                w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
-                if physical {
-                    let held = self
-                        .record_crashed_finish(
-                            ctx.device,
-                            &b.resource,
-                            &ctx.command_id,
-                            op_id,
-                            &ctx.key,
-                            "receipt_not_durable",
-                        )
-                        .await;
-                    w["x-tether"]["finish"] = json!(if held {
-                        "held_unreconciled"
-                    } else {
-                        "crashed_finish_recorded"
-                    });
-                }
-                Ok(w.into())
-            }
+            Err(e) => Ok(self.not_durable(&ctx, b, op_id, answer, &e).await),
         }
+    }
+
+    /// The typed receipt of a dispatched command (a configure command's
+    /// output is what it applied and the revision it made).
+    fn dispatched_receipt(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        (before, after): (u64, u64),
+        (status, output, error): (Status, Option<Value>, Option<Refusal>),
+    ) -> Receipt {
+        let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
+        let output = if is_configure && status == Status::Completed {
+            Some(json!({"applied": ctx.input, "revision": after}))
+        } else {
+            output
+        };
+        let mut receipt = self.receipt_base(
+            ctx,
+            &b.capability_id,
+            Some(&b.resource),
+            status,
+            output,
+            error,
+        );
+        receipt.state_revision_before = Some(before);
+        receipt.state_revision_after = Some(after);
+        receipt.decision = Some("allow");
+        receipt
+    }
+
+    /// The receipt's commit: its entry indexed under the command id, the
+    /// revision it made, and the open operation it closes.
+    fn receipt_commit(&self, ctx: &Ctx, b: &BindingSpec, event: EventDraft, after: u64) -> Commit {
+        let dev = &self.inner.devices[ctx.device];
+        let revisions = if b.is_read() {
+            Vec::new()
+        } else {
+            vec![RevisionRow {
+                device_id: dev.id().to_owned(),
+                resource: b.resource.clone(),
+                revision: after,
+            }]
+        };
+        let closed_ops = if Kernel::start_is_tracked(dev.spec.manifest.mode, b) {
+            vec![ctx.command_id.clone()]
+        } else {
+            Vec::new()
+        };
+        Commit {
+            events: vec![event],
+            receipts: vec![ReceiptRef {
+                command_id: ctx.command_id.clone(),
+                input_digest: ctx.key.clone(),
+                event: 0,
+            }],
+            revisions,
+            closed_ops,
+            ..Commit::default()
+        }
+    }
+
+    /// A receipt the store did not take: answered with `x-tether` saying so;
+    /// a physical call records a crashed finish, or holds its resource.
+    async fn not_durable(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        op_id: &str,
+        answer: Answer,
+        e: &StoreError,
+    ) -> Answer {
+        tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
+        let mut w = answer.into_value();
+        w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
+        let dev = &self.inner.devices[ctx.device];
+        if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
+            let held = self
+                .record_crashed_finish(
+                    ctx.device,
+                    &b.resource,
+                    &ctx.command_id,
+                    op_id,
+                    &ctx.key,
+                    "receipt_not_durable",
+                )
+                .await;
+            w["x-tether"]["finish"] = json!(if held {
+                "held_unreconciled"
+            } else {
+                "crashed_finish_recorded"
+            });
+        }
+        w.into()
     }
 }

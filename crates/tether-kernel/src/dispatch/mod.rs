@@ -30,22 +30,21 @@ use crate::admit::replay::replayed;
 use crate::check::Admitted;
 use crate::dispatch::answer::Answer;
 use crate::dispatch::authorized::{Authorized, CallKind};
-use crate::dispatch::receipt::Admission;
-use crate::dispatch::run::classify;
+use crate::dispatch::run::{classify, DriverOutcome};
 use crate::driver::CancelToken;
-use crate::kernel::Kernel;
+use crate::kernel::{DeviceRt, Kernel};
 use crate::loader::BindingSpec;
 use crate::order::Ctx;
 use crate::ApiError;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tether_core::catalogue::{self};
 use tether_core::ids::{self};
 use tether_core::manifest::{Concurrency, Mode};
-use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal, Status};
-use tether_store::{BudgetRow, Commit, EventDraft, StoreError};
+use tether_store::BudgetRow;
+use tokio::sync::MutexGuard;
 
 /// CORE-061: a deadline that passed during the checks is
 /// `deadline_exceeded_before_dispatch`, wherever it passed (`waiting` says
@@ -75,8 +74,10 @@ impl Kernel {
         mode.is_physical() || b.concurrency == Concurrency::Exclusive || b.max_duration_ms.is_some()
     }
 
-    /// Step 12: lock, revision, durable admission evidence, dispatch, output
-    /// validation, receipt.
+    /// Step 12, in order: everything between an admitted command and its
+    /// receipt. A refusal up to the durable start gives back what the
+    /// checks took (budget reservations, the permit, the approval, the id
+    /// claim) and answers a rejected receipt.
     pub(crate) async fn dispatch(
         &self,
         ctx: Ctx,
@@ -85,170 +86,137 @@ impl Kernel {
     ) -> Result<Answer, ApiError> {
         let dev = &self.inner.devices[ctx.device];
         let (b, _) = dev.binding(ctx.binding);
+        // A held resource, the device lock, the revision, the deadline, the
+        // governed stop read again.
+        let (guard, before) = match self.ready_step(&ctx, b).await {
+            Ok(ready) => ready,
+            Err(r) => return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await),
+        };
+        // The operation registered: the latch checked again, atomically.
+        let (op_id, cancel) = match self.register_step(&ctx, b, caller_cancel) {
+            Ok(op) => op,
+            Err(r) => return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await),
+        };
+        // The start made durable where it must be (fail-closed evidence).
+        let admission = match self.durable_start(&ctx, b, &admitted, &op_id, before).await {
+            Ok(admission) => admission,
+            Err(answer) => return Ok(answer),
+        };
+        let call = self.mint_call(&ctx, b); // the witness, under the run's deadline
+        self.on_dispatch(&ctx, b).await; // a stop cancels the device's operations; the approval is spent
+        let returned = self
+            .run_driver(dev, b, call.auth, cancel, &op_id, call.deadline)
+            .await;
+        let outcome = self.outcome(&ctx, b, returned, call.capped); // output validated
+        let after = advance_revision(dev, b, outcome.0, before);
+        // The device lock covers the effect and its revision, not the wait for
+        // the receipt to become durable: holding it across the fsync would
+        // serialise every command of the device behind the disk.
+        drop(guard);
+        self.finish(ctx, b, (before, after), outcome, &op_id, admission)
+            .await
+    }
+
+    /// The steps before registration that may still refuse: a resource
+    /// held by unreconciled physical evidence, the device lock (as the
+    /// binding's concurrency asks), the expected revision, the deadline and,
+    /// for a physical call, the governed stop. Answers the lock's guard and
+    /// the revision before the call.
+    async fn ready_step<'k>(
+        &'k self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+    ) -> Result<(Option<MutexGuard<'k, ()>>, u64), Refusal> {
+        let dev = &self.inner.devices[ctx.device];
         if Kernel::is_effectful(b) {
             if let Some(open) = self.unreconciled(ctx.device, &b.resource) {
-                return Ok(self
-                    .refuse_admitted(
-                        &ctx,
-                        &admitted.reservations,
-                        Refusal::new(
-                            Code::EvidenceUnavailable,
-                            "the resource is held: a physical call's finish could not be recorded yet",
-                            json!({"reason": "physical_evidence_unreconciled", "open_receipts": open}),
-                        ),
-                    )
-                    .await);
+                return Err(Refusal::new(
+                    Code::EvidenceUnavailable,
+                    "the resource is held: a physical call's finish could not be recorded yet",
+                    json!({"reason": "physical_evidence_unreconciled", "open_receipts": open}),
+                ));
             }
         }
-        let guard = match Kernel::concurrency(b) {
-            Concurrency::Shared => None,
-            Concurrency::Exclusive => match dev.lock.try_lock() {
-                Ok(g) => Some(g),
-                Err(_) => {
-                    return Ok(self
-                        .refuse_admitted(
-                            &ctx,
-                            &admitted.reservations,
-                            Refusal::new(
-                                Code::DeviceBusy,
-                                format!(
-                                    "device `{}` is busy with an exclusive operation",
-                                    dev.id()
-                                ),
-                                json!({"concurrency": "exclusive"}),
-                            ),
-                        )
-                        .await)
-                }
-            },
-            Concurrency::Serialized => {
-                let wait = ctx.deadline.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(wait, dev.lock.lock()).await {
-                    Ok(g) => Some(g),
-                    Err(_) => {
-                        return Ok(self
-                            .refuse_admitted(
-                                &ctx,
-                                &admitted.reservations,
-                                timeout_refusal("waiting_for_device_lock"),
-                            )
-                            .await)
-                    }
-                }
-            }
-        };
+        let guard = self.lock_step(ctx, b).await?;
         let before = dev.revision(&b.resource);
-        if let Some(expected) = ctx.expected_revision {
-            if expected != before {
-                return Ok(self
-                    .refuse_admitted(
-                        &ctx,
-                        &admitted.reservations,
-                        Refusal::new(
-                            Code::ConflictRevision,
-                            format!("expected revision {expected}, live revision is {before}"),
-                            json!({"expected_revision": expected, "revision": before}),
-                        ),
-                    )
-                    .await);
-            }
+        if let Some(expected) = ctx.expected_revision.filter(|e| *e != before) {
+            return Err(Refusal::new(
+                Code::ConflictRevision,
+                format!("expected revision {expected}, live revision is {before}"),
+                json!({"expected_revision": expected, "revision": before}),
+            ));
         }
         if Instant::now() >= ctx.deadline {
-            return Ok(self
-                .refuse_admitted(&ctx, &admitted.reservations, timeout_refusal("checks"))
-                .await);
+            return Err(timeout_refusal("checks"));
         }
         // Stops and safe-state actions are exempt: they always run.
         if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
-            if let Err(r) = self.reread_governed_stop(ctx.device) {
-                return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
+            self.reread_governed_stop(ctx.device)?;
+        }
+        Ok((guard, before))
+    }
+
+    /// The device lock as the binding's concurrency asks: none (shared), at
+    /// once or refused (exclusive), or waited for until the deadline
+    /// (serialized).
+    async fn lock_step<'k>(
+        &'k self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+    ) -> Result<Option<MutexGuard<'k, ()>>, Refusal> {
+        let dev = &self.inner.devices[ctx.device];
+        match Kernel::concurrency(b) {
+            Concurrency::Shared => Ok(None),
+            Concurrency::Exclusive => dev.lock.try_lock().map(Some).map_err(|_| {
+                Refusal::new(
+                    Code::DeviceBusy,
+                    format!("device `{}` is busy with an exclusive operation", dev.id()),
+                    json!({"concurrency": "exclusive"}),
+                )
+            }),
+            Concurrency::Serialized => {
+                let wait = ctx.deadline.saturating_duration_since(Instant::now());
+                tokio::time::timeout(wait, dev.lock.lock())
+                    .await
+                    .map(Some)
+                    .map_err(|_| timeout_refusal("waiting_for_device_lock"))
             }
         }
+    }
+
+    /// Registers the operation under a fresh id. A stop is never
+    /// cancelled, so it never runs on the caller's token.
+    fn register_step(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        caller_cancel: CancelToken,
+    ) -> Result<(String, CancelToken), Refusal> {
         let op_id = ids::mint("op_");
-        // A stop is never cancelled, so it never runs on the caller's token.
         let cancel = if Kernel::is_effectful(b) {
             caller_cancel
         } else {
             CancelToken::new()
         };
-        if let Err(r) = self.register_op(&ctx, b, &op_id, &cancel) {
-            return Ok(self.refuse_admitted(&ctx, &admitted.reservations, r).await);
-        }
-        let mut admission = Admission::Recorded;
-        if !b.is_read() {
-            // A physical call, or one that draws a budget, waits until its
-            // admission is durable before dispatch (fail-closed evidence). A
-            // simulated call writes its admission in the same commit as its
-            // receipt: nothing physical can happen in between, and one commit
-            // instead of two halves the evidence cost of the common case.
-            let tracked = Kernel::start_is_tracked(dev.spec.manifest.mode, b);
-            let must_be_durable = tracked || !admitted.reservations.is_empty();
-            let durable = if must_be_durable {
-                // A tracked call's start is also an open operation: if the
-                // process dies before its finish is recorded, start-up finds it
-                // and records a crashed finish (`unknown`) under its id.
-                let open_ops = if tracked {
-                    vec![tether_store::OpenOp {
-                        command_id: ctx.command_id.clone(),
-                        info: json!({"device_id": dev.id(), "resource": b.resource, "capability_id": b.capability_id, "operation_id": op_id, "input_digest": ctx.digest, "key": ctx.key, "started_at_ms": now_ms(), "accepted_at_ms": ctx.accepted_at_ms, "mode": dev.spec.manifest.mode.as_str(), "revision_before": before}),
-                    }]
-                } else {
-                    Vec::new()
-                };
-                let decision = Commit {
-                    events: vec![EventDraft {
-                        kind: "command.admitted".into(),
-                        body: self.admitted_body(&ctx, b, &op_id).into(),
-                    }],
-                    budget_draws: admitted.reservations.clone(),
-                    open_ops,
-                    ..Commit::default()
-                };
-                self.commit_for(&ctx, decision).await.map(|_| ())
-            } else {
-                // The receipt repeats the binding, input digest and operation;
-                // the admission part keeps only what the receipt lacks.
-                admission = Admission::WithReceipt(b.risk.as_str());
-                Ok(())
-            };
-            if let Err(e) = durable {
-                self.unregister_op(&op_id);
-                if matches!(e, StoreError::Conflict(_)) && tracked {
-                    // Another process on this store ran or runs this id.
-                    return Ok(self.ran_elsewhere(&ctx, &admitted.reservations).await);
-                }
-                return Ok(self
-                    .refuse_admitted(
-                        &ctx,
-                        &admitted.reservations,
-                        Refusal::new(
-                            Code::EvidenceUnavailable,
-                            "the admission could not be made durable, so nothing was dispatched",
-                            json!({"reason": "started_not_durable", "store_error": e.to_string()}),
-                        ),
-                    )
-                    .await);
-            }
-            // The stop and the arming are read again once the admission is
-            // durable, right before dispatch: a trip or disarm another
-            // process made durable while this admission was being written
-            // refuses the call (the first read came before that wait).
-            if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
-                if let Err(r) = self.reread_governed_stop(ctx.device) {
-                    self.unregister_op(&op_id);
-                    let answer = self.refuse_admitted(&ctx, &admitted.reservations, r).await;
-                    if tracked {
-                        self.close_open_op(&ctx.command_id).await;
-                    }
-                    return Ok(answer);
-                }
-            }
-        }
-        // A time-bounded binding (`max_duration_ms`) runs no longer than that,
-        // whatever deadline the caller gave.
-        let cap = b.max_duration_ms.map(Duration::from_millis);
-        let run_deadline = cap.map_or(ctx.deadline, |d| ctx.deadline.min(Instant::now() + d));
-        let capped = run_deadline < ctx.deadline;
+        self.register_op(ctx, b, &op_id, &cancel)?;
+        Ok((op_id, cancel))
+    }
+
+    /// The witness for this call, and how long it may run: a time-bounded
+    /// binding (`max_duration_ms`) runs no longer than that, whatever
+    /// deadline the caller gave (`capped` then says the binding's bound
+    /// ends it first).
+    fn mint_call(&self, ctx: &Ctx, b: &BindingSpec) -> Call {
+        let dev = &self.inner.devices[ctx.device];
+        let cap = b
+            .max_duration_ms
+            .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
+        let deadline = cap.map_or(ctx.deadline, |c| ctx.deadline.min(c));
+        let kind = if b.is_stop() {
+            CallKind::Stop
+        } else {
+            CallKind::Effect
+        };
         let auth = Authorized::mint(
             dev.id(),
             &b.capability_id,
@@ -256,29 +224,42 @@ impl Kernel {
             &b.target,
             ctx.input.clone(),
             &ctx.command_id,
-            if b.is_stop() {
-                CallKind::Stop
-            } else {
-                CallKind::Effect
-            },
-            Some(run_deadline),
+            kind,
+            Some(deadline),
         );
+        Call {
+            auth,
+            deadline,
+            capped: deadline < ctx.deadline,
+        }
+    }
+
+    /// What happens at the moment of dispatch: a stop cancels the running
+    /// operations of its device first; a covering approval is spent,
+    /// whatever the outcome.
+    async fn on_dispatch(&self, ctx: &Ctx, b: &BindingSpec) {
         if b.is_stop() {
-            // A stop cancels the running operations of its device first.
             self.cancel_device_ops(ctx.device, "stop requested");
         }
         if let Some(id) = ctx.approval.get() {
-            // Dispatched: the approval is spent whatever the outcome.
             self.spend_approval(id, &ctx.command_id).await;
         }
-        let result = self
-            .run_driver(dev, b, auth, cancel, &op_id, run_deadline)
-            .await;
-        // A configure command's output is built by the kernel ({applied, revision}),
-        // so the driver's own answer is not held to the class output schema.
+    }
+
+    /// The driver's outcome as a receipt's status, output and error. A
+    /// configure command's output is built by the kernel ({applied,
+    /// revision}), so the driver's own answer is not held to the class
+    /// output schema.
+    fn outcome(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        returned: DriverOutcome,
+        capped: bool,
+    ) -> (Status, Option<Value>, Option<Refusal>) {
+        let (_, rt) = self.inner.devices[ctx.device].binding(ctx.binding);
         let is_configure = b.catalogued && b.capability_id == catalogue::CONFIGURE;
-        let (_, rt) = dev.binding(ctx.binding);
-        let (status, output, mut error) = classify(result, (!is_configure).then_some(&rt.output));
+        let (status, output, mut error) = classify(returned, (!is_configure).then_some(&rt.output));
         if let Some(e) = error
             .as_mut()
             .filter(|e| capped && e.code == Code::OutcomeTimeout)
@@ -289,26 +270,7 @@ impl Kernel {
             e.details["reason"] = json!("max_duration_exceeded");
             e.details["max_duration_ms"] = json!(b.max_duration_ms);
         }
-        let after = if status != Status::Rejected && !b.is_read() {
-            dev.revisions
-                .get(&b.resource)
-                .map_or(before, |r| r.fetch_add(1, Ordering::SeqCst) + 1)
-        } else {
-            before
-        };
-        // The device lock covers the effect and its revision, not the wait for
-        // the receipt to become durable: holding it across the fsync would
-        // serialise every command of the device behind the disk.
-        drop(guard);
-        self.finish(
-            ctx,
-            b,
-            (before, after),
-            (status, output, error),
-            &op_id,
-            admission,
-        )
-        .await
+        (status, output, error)
     }
 
     pub(crate) async fn refuse_admitted(
@@ -352,4 +314,25 @@ impl Kernel {
         );
         self.refuse_admitted(ctx, reservations, refusal).await
     }
+}
+
+/// The witness of one driver call and how long it may run.
+struct Call {
+    auth: Authorized,
+    deadline: Instant,
+    /// The binding's `max_duration_ms` ends the call before the caller's
+    /// deadline would.
+    capped: bool,
+}
+
+/// The revision after the call: a dispatched write or action advances it
+/// (whatever its outcome: the device may have changed), a read or a call
+/// the device refused does not.
+fn advance_revision(dev: &DeviceRt, b: &BindingSpec, status: Status, before: u64) -> u64 {
+    if status == Status::Rejected || b.is_read() {
+        return before;
+    }
+    dev.revisions
+        .get(&b.resource)
+        .map_or(before, |r| r.fetch_add(1, Ordering::SeqCst) + 1)
 }

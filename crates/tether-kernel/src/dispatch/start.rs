@@ -5,15 +5,110 @@
 //! **Fail-closed rule:** a start that cannot be made durable is a refusal
 //! (`started_not_durable`); a stop that cannot be read refuses a physical call.
 
+use crate::check::Admitted;
+use crate::dispatch::answer::Answer;
+use crate::dispatch::receipt::Admission;
 use crate::kernel::Kernel;
 use crate::loader::BindingSpec;
 use crate::order::Ctx;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal};
-use tether_store::Commit;
+use tether_store::{Commit, EventDraft, OpenOp, StoreError};
 
 impl Kernel {
+    /// Makes the start durable when it must be, and answers where the
+    /// admission is recorded. A physical call, or one that draws a budget,
+    /// waits until its admission is durable before dispatch; a simulated
+    /// call writes its admission in the same commit as its receipt (nothing
+    /// physical can happen in between, and one commit instead of two halves
+    /// the evidence cost of the common case). `Err` is the answer instead of
+    /// dispatching: the registration is undone and what the checks took is
+    /// given back.
+    pub(crate) async fn durable_start(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        admitted: &Admitted,
+        op_id: &str,
+        before: u64,
+    ) -> Result<Admission, Answer> {
+        if b.is_read() {
+            return Ok(Admission::Recorded);
+        }
+        let dev = &self.inner.devices[ctx.device];
+        let tracked = Kernel::start_is_tracked(dev.spec.manifest.mode, b);
+        if !tracked && admitted.reservations.is_empty() {
+            // The receipt repeats the binding, input digest and operation;
+            // the admission part keeps only what the receipt lacks.
+            return Ok(Admission::WithReceipt(b.risk.as_str()));
+        }
+        let commit = self.admission_commit(ctx, b, admitted, op_id, (tracked, before));
+        if let Err(e) = self.commit_for(ctx, commit).await {
+            self.unregister_op(op_id);
+            if matches!(e, StoreError::Conflict(_)) && tracked {
+                // Another process on this store ran or runs this id.
+                return Err(self.ran_elsewhere(ctx, &admitted.reservations).await);
+            }
+            let refusal = Refusal::new(
+                Code::EvidenceUnavailable,
+                "the admission could not be made durable, so nothing was dispatched",
+                json!({"reason": "started_not_durable", "store_error": e.to_string()}),
+            );
+            return Err(self
+                .refuse_admitted(ctx, &admitted.reservations, refusal)
+                .await);
+        }
+        // The stop and the arming are read again once the admission is
+        // durable, right before dispatch: a trip or disarm another process
+        // made durable while this admission was being written refuses the
+        // call (the first read came before that wait).
+        if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
+            if let Err(r) = self.reread_governed_stop(ctx.device) {
+                self.unregister_op(op_id);
+                let answer = self.refuse_admitted(ctx, &admitted.reservations, r).await;
+                if tracked {
+                    self.close_open_op(&ctx.command_id).await;
+                }
+                return Err(answer);
+            }
+        }
+        Ok(Admission::Recorded)
+    }
+
+    /// The admission commit: the `command.admitted` entry, the budget draws
+    /// and, for a tracked call, its open operation — if the process dies
+    /// before the finish is recorded, start-up finds it and records a
+    /// crashed finish (`unknown`) under its id.
+    fn admission_commit(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        admitted: &Admitted,
+        op_id: &str,
+        (tracked, before): (bool, u64),
+    ) -> Commit {
+        let dev = &self.inner.devices[ctx.device];
+        let open_ops = if tracked {
+            vec![OpenOp {
+                command_id: ctx.command_id.clone(),
+                info: json!({"device_id": dev.id(), "resource": b.resource, "capability_id": b.capability_id, "operation_id": op_id, "input_digest": ctx.digest, "key": ctx.key, "started_at_ms": now_ms(), "accepted_at_ms": ctx.accepted_at_ms, "mode": dev.spec.manifest.mode.as_str(), "revision_before": before}),
+            }]
+        } else {
+            Vec::new()
+        };
+        Commit {
+            events: vec![EventDraft {
+                kind: "command.admitted".into(),
+                body: self.admitted_body(ctx, b, op_id).into(),
+            }],
+            budget_draws: admitted.reservations.clone(),
+            open_ops,
+            ..Commit::default()
+        }
+    }
+
     /// Before a physical call: the watcher is healthy and the store's latch
     /// rows hold no trip this process has not applied. A stop that cannot be
     /// read refuses the call.

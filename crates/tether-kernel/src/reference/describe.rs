@@ -5,6 +5,7 @@ use crate::reference;
 use crate::ApiError;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use tether_core::Code;
 
 /// Methods the JSON-RPC surface serves (listed in hello).
 pub const METHODS: &[&str] = &[
@@ -55,7 +56,7 @@ impl Kernel {
             "endpoint_id": self.inner.config.endpoint_id,
             "started_at_ms": self.inner.started_ms,
             "principal": p.to_json(),
-            "features": ["MHS.SAFETY.NOT_CERTIFIED", "sessions", "receipts", "idempotency", "evidence.hash_chain", "limits.units", "budgets"],
+            "features": [Code::SafetyNotCertified.as_str(), "sessions", "receipts", "idempotency", "evidence.hash_chain", "limits.units", "budgets"],
             "not_certified": tether_core::NOT_CERTIFIED,
             "methods": METHODS,
             "devices": self.inner.devices.iter().map(|d| self.summary(d)).collect::<Vec<_>>(),

@@ -30,6 +30,8 @@ use tether_kernel::{
 const SESSION_TTL_MS: u64 = 86_400_000;
 // A session must outlive the longest command it runs (see above).
 const _: () = assert!(SESSION_TTL_MS >= DEADLINE_MS_MAX);
+// ... and the kernel must grant a session that long.
+const _: () = assert!(SESSION_TTL_MS <= tether_kernel::SESSION_TTL_MS_MAX);
 /// How long an invoke whose command was not admitted waits for its rejected
 /// receipt before answering 202 instead.
 const REFUSAL_WAIT: Duration = Duration::from_secs(2);
