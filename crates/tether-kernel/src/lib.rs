@@ -38,6 +38,7 @@
 mod admit;
 mod approvals;
 mod check;
+mod clock;
 mod dispatch;
 pub mod driver;
 mod kernel;

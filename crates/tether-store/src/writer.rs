@@ -22,6 +22,9 @@ pub const QUEUE_CAPACITY: usize = 65_536;
 /// commit in a batch and the size of one transaction.
 pub const MAX_BATCH_COMMITS: usize = 4096;
 
+// A full batch must fit in the queue, or the writer could never take one.
+const _: () = assert!(MAX_BATCH_COMMITS <= QUEUE_CAPACITY);
+
 /// Counters of a store's writer, for benchmarks and diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriterStats {

@@ -234,8 +234,10 @@ impl Kernel {
                 tracing::warn!(session = sid, device = self.inner.devices[d].id(), "session ended; the device declares no safe-state action, relying on cancellation");
                 continue;
             }
-            let deadline =
-                Instant::now() + Duration::from_millis(self.inner.devices[d].estop_budget_ms());
+            let deadline = crate::clock::after(
+                Instant::now(),
+                Duration::from_millis(self.inner.devices[d].estop_budget_ms()),
+            );
             let result = self.run_safe_state_actions(d, deadline, &actions).await;
             safe_state.push(json!({"device_id": self.inner.devices[d].id(), "actions": actions, "ok": result.is_ok()}));
         }

@@ -15,6 +15,9 @@ use std::time::Instant;
 /// inputs nested deeper than 64 long before they reach the kernel.
 const NORMALISE_DEPTH_MAX: usize = 128;
 
+// Every level of an input the strict parser accepts is normalised.
+const _: () = assert!(NORMALISE_DEPTH_MAX >= tether_core::json::DEPTH_MAX);
+
 /// What kind of driver call the witness allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallKind {

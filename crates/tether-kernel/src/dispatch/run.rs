@@ -20,6 +20,10 @@ pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(1000);
 /// How often the interlocks of a running operation are read, ms.
 pub(crate) const INTERLOCK_POLL_MS: u64 = 20;
 
+// An interlock that opens is noticed well within the grace a cancelled
+// call has to return.
+const _: () = assert!((INTERLOCK_POLL_MS as u128) < CANCEL_GRACE.as_millis());
+
 pub(crate) enum DriverOutcome {
     Returned(Result<Value, Signal>),
     InterlockOpened(Result<Value, Signal>, Value),

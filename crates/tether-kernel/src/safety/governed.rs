@@ -24,6 +24,9 @@ use tether_store::{Commit, EventDraft, LatchRow};
 pub const STOP_POLL_MS: u64 = 2;
 /// A watcher that has not read the store for this long counts as unable to.
 pub const STOP_STALE_MS: u64 = 250;
+
+// Stale means many polls missed, never one slow poll.
+const _: () = assert!(STOP_STALE_MS >= 10 * STOP_POLL_MS);
 /// The latch row that stands for every device.
 pub const ALL_DEVICES: &str = "*";
 

@@ -117,7 +117,7 @@ impl Kernel {
             } else {
                 self.run_safe_state_actions(
                     d,
-                    Instant::now() + limit,
+                    crate::clock::after(Instant::now(), limit),
                     &[catalogue::ESTOP.to_owned()],
                 )
                 .await
@@ -135,12 +135,12 @@ impl Kernel {
                     return Err(e);
                 }
                 // Run the actions anyway, then report the native failure.
-                self.run_safe_state_actions(d, t0 + budget, &actions)
+                self.run_safe_state_actions(d, crate::clock::after(t0, budget), &actions)
                     .await?;
                 return Err(e);
             }
         }
-        self.run_safe_state_actions(d, t0 + budget, &actions)
+        self.run_safe_state_actions(d, crate::clock::after(t0, budget), &actions)
             .await?;
         let software_only =
             matches!(m.mode, Mode::Simulated | Mode::Replay) && !native && !bound_estop;
@@ -169,7 +169,7 @@ impl Kernel {
             json!({"reason": reason}),
             command_id.unwrap_or(""),
             CallKind::Stop,
-            Some(Instant::now() + limit),
+            Some(crate::clock::after(Instant::now(), limit)),
         );
         let driver = dev.driver.clone();
         dev.stops_in_flight.fetch_add(1, Ordering::SeqCst);
