@@ -81,8 +81,9 @@ pub struct CapabilityClass {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CatalogueFile {
-    #[allow(dead_code)]
-    catalogue_version: String,
+    /// Required in the file; read by no code yet (one version ships).
+    #[serde(rename = "catalogue_version")]
+    _catalogue_version: String,
     classes: Vec<CapabilityClass>,
 }
 

@@ -45,6 +45,10 @@ pub struct Authorized {
 
 impl Authorized {
     /// Minted only by the kernel, after the checks of its call kind passed.
+    // One argument per field the witness carries: a parameter struct would
+    // be one more type, nameable in the crate, from which a witness could be
+    // built; the compile-fail fixture `tether-drivers/tests/ui/mint_is_private.rs`
+    // calls exactly this signature.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mint(
         device_id: &str,
