@@ -6,8 +6,19 @@
 //! (unless an e-stop revoked it). A command on a `hardware` or `hybrid` device
 //! at risk R2 or above needs one, and such a permit can only come from an
 //! approval route — never from the model asking for it.
+//!
+//! **Owns:** `mhs.safety.permit`, the permit table, the check of a permit
+//! against a command (step 10), giving a consumed permit back, revocation by
+//! an e-stop and release when a session ends.
+//! **Never belongs here:** the approval route that stands in for a permit
+//! (`approvals/`), deciding which bindings need one beyond
+//! [`permit_required`].
+//! **Fail-closed rule:** a permit table that cannot be locked refuses; a
+//! permit covers only its exact device, binding, input, session and
+//! principal, once, before it expires; the table is bounded
+//! ([`PERMITS_MAX`]).
 
-use crate::kernel::{Kernel, Principal};
+use crate::kernel::{DeviceRt, Kernel, Principal};
 use crate::loader::BindingSpec;
 use crate::{ApiError, CommandRequest};
 use serde_json::json;
@@ -50,6 +61,35 @@ pub(crate) fn permit_required(mode_physical: bool, b: &BindingSpec) -> bool {
     !exempt && (two_person || (mode_physical && b.risk >= RiskClass::R2))
 }
 
+/// The one binding of the device a permit names: the capability, on the
+/// named resource when one is named.
+fn permit_binding(dev: &DeviceRt, req: &CommandRequest) -> Result<usize, ApiError> {
+    let found: Vec<usize> = dev
+        .spec
+        .bindings
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| {
+            b.capability_id == req.capability_id
+                && req.resource.as_deref().is_none_or(|r| r == b.resource)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    match found[..] {
+        [bi] => Ok(bi),
+        [] => Err(ApiError::new(
+            Code::SafetyPermitInvalid,
+            "the capability is not bound to that resource",
+            json!({"bound_resources": dev.spec.bindings.iter().filter(|b| b.capability_id == req.capability_id).map(|b| b.resource.clone()).collect::<Vec<_>>()}),
+        )),
+        _ => Err(ApiError::new(
+            Code::ProtocolInvalidParams,
+            "the class is bound several times; name the resource",
+            json!({"reason": "resource_required"}),
+        )),
+    }
+}
+
 impl Kernel {
     /// `mhs.safety.permit`: a permit for one exact command of the caller's
     /// session. Permits that need an approval route are refused here.
@@ -67,34 +107,7 @@ impl Kernel {
             .device_index(&req.device_id)
             .ok_or_else(|| self.unknown_device(&req.device_id))?;
         let dev = &self.inner.devices[d];
-        let found: Vec<usize> = dev
-            .spec
-            .bindings
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| {
-                b.capability_id == req.capability_id
-                    && req.resource.as_deref().is_none_or(|r| r == b.resource)
-            })
-            .map(|(i, _)| i)
-            .collect();
-        let bi = match found[..] {
-            [bi] => bi,
-            [] => {
-                return Err(ApiError::new(
-                    Code::SafetyPermitInvalid,
-                    "the capability is not bound to that resource",
-                    json!({"bound_resources": dev.spec.bindings.iter().filter(|b| b.capability_id == req.capability_id).map(|b| b.resource.clone()).collect::<Vec<_>>()}),
-                ))
-            }
-            _ => {
-                return Err(ApiError::new(
-                    Code::ProtocolInvalidParams,
-                    "the class is bound several times; name the resource",
-                    json!({"reason": "resource_required"}),
-                ))
-            }
-        };
+        let bi = permit_binding(dev, req)?;
         let sid = self.check_grant(
             p,
             req.session_id.as_deref(),
@@ -118,39 +131,19 @@ impl Kernel {
         }
         let digest = canonical::digest(&req.input);
         let permit_id = ids::mint_secret("permit_");
-        let expires_at_ms = now_ms() + ttl;
-        {
-            let mut permits = self.inner.permits.lock().map_err(|_| {
-                ApiError::new(
-                    Code::ProtocolInternal,
-                    "permit table unavailable",
-                    json!({}),
-                )
-            })?;
-            let now = now_ms();
-            permits
-                .by_id
-                .retain(|_, x| x.expires_at_ms > now && !x.used);
-            if permits.by_id.len() >= PERMITS_MAX {
-                return Err(ApiError::new(
-                    Code::ProtocolInternal,
-                    "too many outstanding permits",
-                    json!({"reason": "permits_full"}),
-                ));
-            }
-            permits.by_id.insert(
-                permit_id.clone(),
-                Permit {
-                    device: d,
-                    binding: bi,
-                    digest: digest.clone(),
-                    session_id: sid.clone(),
-                    principal_id: p.id.clone(),
-                    expires_at_ms,
-                    used: false,
-                },
-            );
-        }
+        let expires_at_ms = now_ms().saturating_add(ttl);
+        self.insert_permit(
+            permit_id.clone(),
+            Permit {
+                device: d,
+                binding: bi,
+                digest: digest.clone(),
+                session_id: sid.clone(),
+                principal_id: p.id.clone(),
+                expires_at_ms,
+                used: false,
+            },
+        )?;
         self.record(Commit {
             events: vec![EventDraft { kind: "safety.permit".into(), body: json!({"device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "input_digest": digest, "session_id": sid, "principal": p.to_json(), "expires_at_ms": expires_at_ms}).into() }],
             ..Commit::default()
@@ -158,6 +151,31 @@ impl Kernel {
         Ok(
             json!({"permit_id": permit_id, "device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "input_digest": digest, "expires_at_ms": expires_at_ms, "single_use": true}),
         )
+    }
+
+    /// Adds a permit to the table, after dropping the expired and used
+    /// ones; refused when [`PERMITS_MAX`] are still outstanding.
+    fn insert_permit(&self, permit_id: String, permit: Permit) -> Result<(), ApiError> {
+        let mut permits = self.inner.permits.lock().map_err(|_| {
+            ApiError::new(
+                Code::ProtocolInternal,
+                "permit table unavailable",
+                json!({}),
+            )
+        })?;
+        let now = now_ms();
+        permits
+            .by_id
+            .retain(|_, x| x.expires_at_ms > now && !x.used);
+        if permits.by_id.len() >= PERMITS_MAX {
+            return Err(ApiError::new(
+                Code::ProtocolInternal,
+                "too many outstanding permits",
+                json!({"reason": "permits_full"}),
+            ));
+        }
+        permits.by_id.insert(permit_id, permit);
+        Ok(())
     }
 
     /// Checks a permit against this exact command; `consume` marks it used.

@@ -1,17 +1,32 @@
-//! The e-stop latch, reset and status.
+//! The e-stop: `mhs.safety.estop` and a bound `cap.motion.estop.v1`.
 //!
 //! The e-stop latches first: the in-memory latch is set for every target
 //! device and every running operation is cancelled before any driver I/O;
 //! the latch is then persisted (a bounded wait that never blocks the stop);
-//! then the stop path runs (`stop_path.rs`) and the answer comes within the
-//! device's stop budget. A failed stop path keeps the latch and is retried.
+//! then the stop path runs (`stop_path.rs`) and the answer, the device's
+//! e-stop receipt, comes within its stop budget. A failed stop path keeps the
+//! latch and is retried.
+//!
+//! **Owns:** the latch (set in memory, made durable with a bounded wait and
+//! retried in the background), what a stop withdraws (running operations,
+//! permits, approvals), the stop of several devices at once, and the e-stop
+//! receipt.
+//! **Never belongs here:** the stop path itself (`stop_path.rs`), undoing a
+//! stop (`reset.rs`), the latch check of the evaluation order
+//! (`check/latch.rs`).
+//! **Fail-closed rule:** an e-stop is never refused and needs no session; a
+//! store that cannot take the latch delays the stop path by at most
+//! [`LATCH_PERSIST_WAIT_MS_MAX`], and the answer then says the latch is held
+//! in memory only.
 
 use crate::admit::arrival::Arrival;
 use crate::dispatch::answer::Answer;
-use crate::kernel::{Kernel, LatchInfo, Principal};
+use crate::kernel::{answer_margin, Kernel, LatchInfo, Principal};
+use crate::kernel::{ANSWER_MARGIN_MS_MAX, ESTOP_BUDGET_MS_DEFAULT};
 use crate::order::Ctx;
+use crate::safety::stop_path::{StopDone, StopFailure};
 use crate::CommandRequest;
-use crate::{ApiError, ArmRequest, EstopRequest, ResetRequest};
+use crate::EstopRequest;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,13 +38,42 @@ use tether_store::{Commit, EventDraft, LatchRow};
 
 /// Receipt capability id of an endpoint e-stop.
 pub const INTERNAL_ESTOP: &str = "cap.internal.safety_estop.v1";
-/// Receipt capability id of a reset.
-pub const INTERNAL_RESET: &str = "cap.internal.safety_reset.v1";
 /// Longest the e-stop waits for its latch to become durable before it runs
-/// the stop path anyway, ms.
+/// the stop path anyway, ms (and never more than half the stop budget).
 const LATCH_PERSIST_WAIT_MS_MAX: u64 = 100;
 /// Attempts to persist a latch that could not be made durable at once.
 const LATCH_PERSIST_RETRIES_MAX: u32 = 10_000;
+/// First delay before a latch that did not become durable is written again.
+const LATCH_RETRY_DELAY_FIRST: Duration = Duration::from_millis(250);
+/// Longest delay between two attempts (the delay doubles up to it).
+const LATCH_RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
+
+// The stop path starts after the latch wait and the answer is built after
+// it: a device with the default budget keeps at least half of it to stop.
+const _: () =
+    assert!(LATCH_PERSIST_WAIT_MS_MAX + ANSWER_MARGIN_MS_MAX <= ESTOP_BUDGET_MS_DEFAULT / 2);
+// The retry delay doubles from the first towards the longest, never down.
+const _: () = assert!(LATCH_RETRY_DELAY_FIRST.as_millis() <= LATCH_RETRY_DELAY_MAX.as_millis());
+
+/// What one e-stop asks of each device it stops.
+struct StopRequest<'a> {
+    reason: &'a str,
+    by: Option<Principal>,
+    session_id: Option<String>,
+    /// The command a bound e-stop class arrived as; `None` mints one.
+    command_id: Option<&'a str>,
+    /// When the e-stop arrived: latencies and the stop budget count from it.
+    t0: Instant,
+}
+
+/// What one device's stop did, for its receipt.
+struct StopOutcome<'a> {
+    path: &'a Result<StopDone, StopFailure>,
+    latch_durable: &'a Result<(), String>,
+    cancelled: &'a [String],
+    latch_latency: Duration,
+    budget: Duration,
+}
 
 struct DeviceStop {
     device: usize,
@@ -75,7 +119,7 @@ impl Kernel {
                 .estop_devices(devices, &reason, req.requested_by, req.session_id, None)
                 .await
         });
-        let answer_by = deadline.saturating_sub(crate::kernel::answer_margin(deadline));
+        let answer_by = deadline.saturating_sub(answer_margin(deadline));
         match tokio::time::timeout(answer_by, &mut task).await {
             Ok(Ok(answer)) => answer,
             _ => json!({
@@ -176,18 +220,18 @@ impl Kernel {
         let t0 = Instant::now();
         // Latch first, every device, before any driver I/O.
         let latch_latency = self.latch_now(&targets, reason, t0);
-        let stops = targets.iter().zip(latch_latency).map(|(&d, lat)| {
-            self.stop_one(
-                d,
-                reason,
-                by.clone(),
-                session_id.clone(),
-                command_id,
-                t0,
-                lat,
-            )
-        });
-        let results: Vec<DeviceStop> = futures_join_all(stops).await;
+        let stop = StopRequest {
+            reason,
+            by,
+            session_id,
+            command_id,
+            t0,
+        };
+        let stops = targets
+            .iter()
+            .zip(latch_latency)
+            .map(|(&d, lat)| self.stop_one(d, &stop, lat));
+        let results: Vec<DeviceStop> = join_stops(stops).await;
         if results.len() == 1 {
             return results
                 .into_iter()
@@ -213,100 +257,31 @@ impl Kernel {
         answer
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// One device's stop, its latch already set: cancel, persist the latch,
+    /// run the stop path, answer with the e-stop receipt (evidence too).
     async fn stop_one(
         &self,
         d: usize,
-        reason: &str,
-        by: Option<Principal>,
-        session_id: Option<String>,
-        command_id: Option<&str>,
-        t0: Instant,
+        stop: &StopRequest<'_>,
         latch_latency: Duration,
     ) -> DeviceStop {
         let dev = &self.inner.devices[d];
-        let cancelled = self.cancel_device_ops(d, reason);
-        let revoked_permits = self.revoke_permits(d);
-        let revoked_approvals = self.revoke_approvals(dev.id());
-        let revoked_approval_ids: Vec<&str> = revoked_approvals
-            .iter()
-            .map(|r| r.approval_id.as_str())
-            .collect();
+        let cancelled = self.cancel_device_ops(d, stop.reason);
         let budget = Duration::from_millis(dev.estop_budget_ms());
-        // Persist the latch before any driver I/O. The wait is bounded: a store
-        // that cannot make it durable must never delay the stop path itself
-        // (stops always run); the answer then says the latch is held in memory.
-        let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
-        let latch_commit = Commit {
-            events: vec![EventDraft {
-                kind: "safety.estop".into(),
-                body: json!({"device_id": dev.id(), "reason": reason, "requested_by": by.as_ref().map(Principal::to_json), "session_id": session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
-            }],
-            latches: vec![LatchRow {
-                device_id: dev.id().to_owned(),
-                latched: true,
-                info: json!({"since_ms": info.since_ms, "reason": info.reason}),
-            }],
-            approvals: revoked_approvals,
-            ..Commit::default()
-        };
-        let persist_wait = (budget / 2).min(Duration::from_millis(LATCH_PERSIST_WAIT_MS_MAX));
-        let durable = self.persist_latch(d, latch_commit, persist_wait).await;
+        let latch_durable = self.commit_latch(d, stop, &cancelled, budget).await;
         dev.stop_confirmed.store(false, Ordering::SeqCst);
-        let path = self.run_stop_path(d, t0, reason, command_id).await;
-        let ctx = Ctx {
-            session_id,
-            t0,
-            deadline: t0 + budget,
-            ..Ctx::bare(
-                d,
-                command_id.map_or_else(|| CommandId::mint().as_str().to_owned(), str::to_owned),
-                by.unwrap_or_else(Principal::local_agent),
-            )
-        };
-        let (status, output, error) = match (&path, &durable) {
-            (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
-            (Err(f), _) => (
-                Status::Failed,
-                json!({"latched": true}),
-                Some(Refusal::new(
-                    Code::SafetySafeStateUnreached,
-                    f.message.clone(),
-                    json!({"reason": f.reason, "latched": true, "retrying": true}),
-                )),
-            ),
-            (Ok(done), Err(e)) => (
-                Status::Completed,
-                done.output(),
-                Some(Refusal::new(
-                    Code::EvidenceUnavailable,
-                    "the latch is held in memory and not yet durable",
-                    json!({"reason": "latch_not_durable", "store_error": e}),
-                )),
-            ),
-        };
-        let completed = status == Status::Completed;
+        let path = self
+            .run_stop_path(d, stop.t0, stop.reason, stop.command_id)
+            .await;
         dev.stop_confirmed.store(path.is_ok(), Ordering::SeqCst);
-        let mut receipt = self.receipt(&ctx, INTERNAL_ESTOP, None, status, Some(output), error);
-        receipt.extra.insert(
-            "latency_ms".into(),
-            json!(t0.elapsed().as_secs_f64() * 1000.0),
-        );
-        receipt.extra.insert(
-            "latch_latency_ms".into(),
-            json!(latch_latency.as_secs_f64() * 1000.0),
-        );
-        receipt
-            .extra
-            .insert("safe_state_achieved".into(), json!(path.is_ok()));
-        receipt
-            .extra
-            .insert("cancelled_operations".into(), json!(cancelled));
-        receipt
-            .extra
-            .insert("latch_durable".into(), json!(durable.is_ok()));
-        receipt.extra.insert("not_certified".into(), json!(true));
-        let wire = receipt.into_json();
+        let outcome = StopOutcome {
+            path: &path,
+            latch_durable: &latch_durable,
+            cancelled: &cancelled,
+            latch_latency,
+            budget,
+        };
+        let wire = self.stop_receipt(d, stop, &outcome);
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.receipt".into(),
@@ -323,13 +298,88 @@ impl Kernel {
         DeviceStop {
             device: d,
             receipt: wire,
-            completed,
+            // Completed exactly when the stop path succeeded (a latch that is
+            // not yet durable is said in the error, not in the status).
+            completed: path.is_ok(),
         }
+    }
+
+    /// Withdraws the device's permits and open approvals and persists the
+    /// latch with them, before any driver I/O. The wait is bounded (half the
+    /// stop budget, at most [`LATCH_PERSIST_WAIT_MS_MAX`]): a store that
+    /// cannot make it durable must never delay the stop path itself (stops
+    /// always run); the answer then says the latch is held in memory.
+    async fn commit_latch(
+        &self,
+        d: usize,
+        stop: &StopRequest<'_>,
+        cancelled: &[String],
+        budget: Duration,
+    ) -> Result<(), String> {
+        let dev = &self.inner.devices[d];
+        let revoked_permits = self.revoke_permits(d);
+        let revoked_approvals = self.revoke_approvals(dev.id());
+        let revoked_approval_ids: Vec<&str> = revoked_approvals
+            .iter()
+            .map(|r| r.approval_id.as_str())
+            .collect();
+        let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
+        let latch_commit = Commit {
+            events: vec![EventDraft {
+                kind: "safety.estop".into(),
+                body: json!({"device_id": dev.id(), "reason": stop.reason, "requested_by": stop.by.as_ref().map(Principal::to_json), "session_id": stop.session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
+            }],
+            latches: vec![LatchRow {
+                device_id: dev.id().to_owned(),
+                latched: true,
+                info: json!({"since_ms": info.since_ms, "reason": info.reason}),
+            }],
+            approvals: revoked_approvals,
+            ..Commit::default()
+        };
+        let persist_wait = (budget / 2).min(Duration::from_millis(LATCH_PERSIST_WAIT_MS_MAX));
+        self.persist_latch(d, latch_commit, persist_wait).await
+    }
+
+    /// The e-stop receipt of one device, as sent on the wire.
+    fn stop_receipt(&self, d: usize, stop: &StopRequest<'_>, outcome: &StopOutcome<'_>) -> Value {
+        let t0 = stop.t0;
+        let ctx = Ctx {
+            session_id: stop.session_id.clone(),
+            t0,
+            // A budget too large for the clock leaves a deadline already
+            // passed, as `Ctx::bare` has it.
+            deadline: t0.checked_add(outcome.budget).unwrap_or(t0),
+            ..Ctx::bare(
+                d,
+                stop.command_id
+                    .map_or_else(|| CommandId::mint().as_str().to_owned(), str::to_owned),
+                stop.by.clone().unwrap_or_else(Principal::local_agent),
+            )
+        };
+        let (status, output, error) = stop_status(outcome.path, outcome.latch_durable);
+        let mut receipt = self.receipt(&ctx, INTERNAL_ESTOP, None, status, Some(output), error);
+        let extra = [
+            ("latency_ms", json!(t0.elapsed().as_secs_f64() * 1000.0)),
+            (
+                "latch_latency_ms",
+                json!(outcome.latch_latency.as_secs_f64() * 1000.0),
+            ),
+            ("safe_state_achieved", json!(outcome.path.is_ok())),
+            ("cancelled_operations", json!(outcome.cancelled)),
+            ("latch_durable", json!(outcome.latch_durable.is_ok())),
+            ("not_certified", json!(true)),
+        ];
+        for (key, value) in extra {
+            receipt.extra.insert(key.into(), value);
+        }
+        receipt.into_json()
     }
 
     /// Submits the latch commit and waits at most `wait` for it. Whenever it
     /// lands the latch is marked durable; if it fails, it is retried in the
-    /// background (0.25 s doubling to 5 s) until durable or the latch changes.
+    /// background ([`LATCH_RETRY_DELAY_FIRST`] doubling to
+    /// [`LATCH_RETRY_DELAY_MAX`]) until durable or the latch changes.
     async fn persist_latch(&self, d: usize, commit: Commit, wait: Duration) -> Result<(), String> {
         let generation = self.inner.devices[d].latch_event_ms.load(Ordering::SeqCst);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -371,10 +421,10 @@ impl Kernel {
     }
 
     async fn retry_latch_persist(&self, d: usize, generation: u64, rows: Vec<LatchRow>) {
-        let mut delay = Duration::from_millis(250);
+        let mut delay = LATCH_RETRY_DELAY_FIRST;
         for _ in 0..LATCH_PERSIST_RETRIES_MAX {
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
+            delay = delay.saturating_mul(2).min(LATCH_RETRY_DELAY_MAX);
             let dev = &self.inner.devices[d];
             if !dev.latched.load(Ordering::SeqCst)
                 || dev.latch_event_ms.load(Ordering::SeqCst) != generation
@@ -395,321 +445,52 @@ impl Kernel {
             }
         }
     }
+}
 
-    /// `mhs.safety.reset`: releases a latch when nothing forbids it. A reset
-    /// resumes nothing.
-    ///
-    /// # Errors
-    /// Unknown device.
-    pub async fn reset(&self, p: &Principal, req: ResetRequest) -> Result<Value, ApiError> {
-        let d = self
-            .device_index(&req.device_id)
-            .ok_or_else(|| self.unknown_device(&req.device_id))?;
-        let dev = &self.inner.devices[d];
-        let ctx = Ctx {
-            session_id: req.session_id.clone(),
-            ..Ctx::bare(d, CommandId::mint().as_str().to_owned(), p.clone())
-        };
-        let epoch = dev.estop_epoch.load(Ordering::SeqCst);
-        if let Some(refusal) = self.reset_refusal(d, p) {
-            return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
-        }
-        // Strictly after the latch it releases, so no process orders it before.
-        let reset_at = now_ms().max(dev.latch_event_ms.load(Ordering::SeqCst) + 1);
-        let commit = Commit {
-            events: vec![EventDraft {
-                kind: "safety.reset".into(),
-                body: json!({"device_id": dev.id(), "principal": p.to_json(), "reason": req.reason, "session_id": req.session_id}).into(),
-            }],
-            latches: vec![LatchRow {
-                device_id: dev.id().to_owned(),
-                latched: false,
-                // Whether an operator reset it travels with the row: another
-                // process that serves this device as hardware releases its
-                // latch only for an operator's reset.
-                info: json!({"reset_by": p.to_json(), "reset_by_operator": p.kind == crate::PrincipalKind::Human && p.operator, "reset_at_ms": reset_at}),
-            }],
-            ..Commit::default()
-        };
-        if let Err(e) = self.commit(commit).await {
-            let refusal = Refusal::new(
-                Code::SafetyResetRefused,
-                "the reset could not be made durable; the latch is kept",
-                json!({"reason": "not_durable", "store_error": e.to_string(), "latched": true}),
-            );
-            return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
-        }
-        dev.latch_event_ms.fetch_max(reset_at, Ordering::SeqCst);
-        // CORE-081: the latch is released only if no e-stop engaged and no
-        // stop attempt started while the reset was being made durable.
-        if let Some(refusal) = self.reset_overtaken(d, epoch, reset_at).await {
-            return Ok(self.reject(&ctx, INTERNAL_RESET, None, refusal).await);
-        }
-        dev.latched.store(false, Ordering::SeqCst);
-        if let Ok(mut l) = dev.latch.lock() {
-            *l = LatchInfo::default();
-        }
-        let receipt = self.receipt(
-            &ctx,
-            INTERNAL_RESET,
-            None,
+/// The status, output and error of an e-stop receipt: failed when the stop
+/// path failed (the latch holds and the path is retried); completed
+/// otherwise, with an evidence error when the latch is not yet durable.
+fn stop_status(
+    path: &Result<StopDone, StopFailure>,
+    latch_durable: &Result<(), String>,
+) -> (Status, Value, Option<Refusal>) {
+    match (path, latch_durable) {
+        (Ok(done), Ok(())) => (Status::Completed, done.output(), None),
+        (Err(f), _) => (
+            Status::Failed,
+            json!({"latched": true}),
+            Some(Refusal::new(
+                Code::SafetySafeStateUnreached,
+                f.message.clone(),
+                json!({"reason": f.reason, "latched": true, "retrying": true}),
+            )),
+        ),
+        (Ok(done), Err(e)) => (
             Status::Completed,
-            // A device whose stop leaves it disabled names the command that
-            // re-enables it: the reset itself never runs it (CORE-086).
-            Some(match &dev.spec.manifest.safety.estop.reenable {
-                Some(cap) => json!({"latched": false, "resumed": false, "reenable": cap}),
-                None => json!({"latched": false, "resumed": false}),
-            }),
-            None,
-        );
-        Ok(receipt.into_json())
-    }
-
-    /// An e-stop engaged (the epoch moved) or a stop attempt started while
-    /// the reset at `reset_at` was being committed: the latch is kept, and
-    /// asserted again in the store after the reset row, so no process and no
-    /// restart reads the device as released.
-    async fn reset_overtaken(&self, d: usize, epoch: u64, reset_at: u64) -> Option<Refusal> {
-        let dev = &self.inner.devices[d];
-        let reason = if dev.estop_epoch.load(Ordering::SeqCst) != epoch {
-            "estop_during_reset"
-        } else if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
-            "stop_path_pending"
-        } else {
-            return None;
-        };
-        let since = now_ms().max(reset_at + 1);
-        dev.latch_event_ms.fetch_max(since, Ordering::SeqCst);
-        let reassert = Commit {
-            events: vec![EventDraft {
-                kind: "safety.reset.overtaken".into(),
-                body: json!({"device_id": dev.id(), "reason": reason, "reset_at_ms": reset_at})
-                    .into(),
-            }],
-            latches: vec![crate::safety::governed::trip_row(
-                dev.id(),
-                since,
-                "the latch is kept: a stop engaged while a reset was being made",
-                "reset_overtaken",
-            )],
-            ..Commit::default()
-        };
-        let durable = self.commit(reassert).await.is_ok();
-        Some(Refusal::new(
-            Code::SafetyResetRefused,
-            "a stop engaged while the reset was being made; the latch is kept",
-            json!({"reason": reason, "latched": true, "stop_reasserted": true, "latch_durable": durable}),
-        ))
-    }
-
-    fn reset_refusal(&self, d: usize, p: &Principal) -> Option<Refusal> {
-        let dev = &self.inner.devices[d];
-        if !dev.latched.load(Ordering::SeqCst) {
-            return Some(Refusal::new(
-                Code::SafetyResetRefused,
-                "nothing is latched",
-                json!({"reason": "not_latched", "latched": false}),
-            ));
-        }
-        if dev.terminated.load(Ordering::SeqCst) {
-            return Some(Refusal::new(
-                Code::SafetyResetRefused,
-                "the device's stop cannot be undone without a new native session; restart the endpoint to recover",
-                json!({"reason": "terminal_estop", "terminal": dev.spec.manifest.safety.estop.terminal, "latched": true, "remediation": "restart the endpoint; an operator resets the restored latch"}),
-            ));
-        }
-        // A trip made elsewhere that this process has not applied yet must not be
-        // released by a reset that never saw it: read the shared stop first.
-        match self.inner.store.latches() {
-            Ok(rows) => {
-                if let Some(ev) = crate::safety::governed::newest_event(&rows, dev.id()) {
-                    if ev.latched && ev.at_ms > dev.latch_event_ms.load(Ordering::SeqCst) {
-                        return Some(Refusal::new(
-                            Code::SafetyResetRefused,
-                            "a newer stop was tripped by another process; it is being applied",
-                            json!({"reason": "newer_stop", "tripped_at_ms": ev.at_ms, "latched": true}),
-                        ));
-                    }
-                }
-            }
-            Err(e) => {
-                return Some(Refusal::new(
-                    Code::SafetyResetRefused,
-                    "the governed stop cannot be read, so the latch is kept",
-                    json!({"reason": "stop_unreadable", "store_error": e.to_string(), "latched": true}),
-                ));
-            }
-        }
-        if dev.spec.manifest.mode.is_physical() && !p.operator {
-            return Some(Refusal::new(
-                Code::AuthForbidden,
-                "only an authenticated operator may reset a hardware latch",
-                json!({"reason": "operator_required", "latched": true}),
-            ));
-        }
-        // Before anything that reads the device: a native stop in flight
-        // refuses at once (CORE-080; there is no override).
-        if dev.stops_in_flight.load(Ordering::SeqCst) > 0 {
-            return Some(Refusal::new(
-                Code::SafetyResetRefused,
-                "a stop attempt of the device is still running",
-                json!({"reason": "stop_path_pending", "latched": true}),
-            ));
-        }
-        let open: Vec<Value> = dev
-            .interlock_readings()
-            .into_iter()
-            .filter(|(i, s)| {
-                !dev.spec.manifest.interlocks[*i].reset_exempt
-                    && *s != crate::InterlockState::Closed
-            })
-            .map(|(i, s)| json!({"id": dev.spec.manifest.interlocks[i].id, "state": s.as_str()}))
-            .collect();
-        if !open.is_empty() {
-            return Some(Refusal::new(
-                Code::SafetyResetRefused,
-                "an interlock is open or unknown",
-                json!({"reason": "interlock_open", "interlocks": open, "latched": true}),
-            ));
-        }
-        let running: Vec<String> = self.running_on(d).into_iter().map(|(op, _)| op).collect();
-        if !running.is_empty() {
-            return Some(Refusal::new(
-                Code::SafetyResetRefused,
-                "an operation that ignored cancellation is still running",
-                json!({"reason": "operation_running", "operations": running, "latched": true}),
-            ));
-        }
-        None
-    }
-
-    /// `mhs.safety.arm` / `mhs.safety.disarm`: hardware actuation of a
-    /// hardware or hybrid device on or off (evaluation step 6). Only an
-    /// authenticated operator arms; anyone may disarm (it makes things
-    /// safer). The change is durable and an evidence entry before it is
-    /// answered; a disarm that cannot be made durable still applies here.
-    ///
-    /// # Errors
-    /// `DEVICE.UNKNOWN`; invalid params for a device that is not physical;
-    /// `AUTH.FORBIDDEN` (`operator_required`) for an arm by anyone else;
-    /// `EVIDENCE.UNAVAILABLE` for an arm the store did not take.
-    pub async fn set_armed(&self, p: &Principal, req: ArmRequest) -> Result<Value, ApiError> {
-        let d = self
-            .device_index(&req.device_id)
-            .ok_or_else(|| self.unknown_device(&req.device_id))?;
-        let dev = &self.inner.devices[d];
-        if !dev.spec.manifest.mode.is_physical() {
-            return Err(ApiError::new(
-                Code::ProtocolInvalidParams,
-                format!(
-                    "device `{}` is {}: it moves nothing physical and is always armed",
-                    dev.id(),
-                    dev.spec.manifest.mode.as_str()
-                ),
-                json!({"reason": "not_physical", "mode": dev.spec.manifest.mode.as_str()}),
-            ));
-        }
-        let operator = p.kind == crate::PrincipalKind::Human && p.operator;
-        if req.armed && !operator {
-            return Err(ApiError::new(
-                Code::AuthForbidden,
-                "only an authenticated operator may arm hardware",
-                json!({"reason": "operator_required"}),
-            ));
-        }
-        let was = dev.armed.load(Ordering::SeqCst);
-        let at_ms = now_ms().max(dev.arming_ms.load(Ordering::SeqCst) + 1);
-        let reason: String = req.reason.chars().take(512).collect();
-        let commit = Commit {
-            events: vec![EventDraft {
-                kind: "safety.arming".into(),
-                body: json!({"device_id": dev.id(), "armed": req.armed, "was_armed": was, "principal": p.to_json(), "reason": reason}).into(),
-            }],
-            latches: vec![crate::safety::governed::arming_row(
-                dev.id(),
-                req.armed,
-                json!({"at_ms": at_ms, "by": p.to_json(), "reason": reason}),
-            )],
-            ..Commit::default()
-        };
-        if !req.armed {
-            // A disarm applies before its record: it only takes power away.
-            dev.armed.store(false, Ordering::SeqCst);
-        }
-        let durable = self.commit(commit).await;
-        if let Err(e) = &durable {
-            if req.armed {
-                return Err(ApiError::new(
-                    Code::EvidenceUnavailable,
-                    "the arming could not be made durable; the device stays disarmed",
-                    json!({"reason": "not_durable", "store_error": e.to_string()}),
-                ));
-            }
-        }
-        dev.arming_ms.fetch_max(at_ms, Ordering::SeqCst);
-        dev.armed.store(req.armed, Ordering::SeqCst);
-        Ok(json!({
-            "device_id": dev.id(),
-            "armed": req.armed,
-            "changed": was != req.armed,
-            "at_ms": at_ms,
-            "durable": durable.is_ok(),
-            "not_certified": true,
-        }))
-    }
-
-    /// `mhs.safety.status`: per device, the latch, interlocks and running operations.
-    pub fn safety_status(&self, device_id: Option<&str>) -> Result<Value, ApiError> {
-        let devices: Vec<usize> = match device_id {
-            Some(id) => vec![self
-                .device_index(id)
-                .ok_or_else(|| self.unknown_device(id))?],
-            None => (0..self.inner.devices.len()).collect(),
-        };
-        let list: Vec<Value> = devices
-            .into_iter()
-            .map(|d| {
-                let dev = &self.inner.devices[d];
-                let latched = dev.latched.load(Ordering::SeqCst);
-                let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
-                let interlocks: Vec<Value> = dev
-                    .interlock_readings()
-                    .into_iter()
-                    .map(|(i, s)| {
-                        let il = &dev.spec.manifest.interlocks[i];
-                        json!({"id": il.id, "state": s.as_str(), "description": il.description, "gating": il.required_for.is_some(), "required_for": il.required_for})
-                    })
-                    .collect();
-                json!({
-                    "device_id": dev.id(),
-                    "mode": dev.spec.manifest.mode.as_str(),
-                    "latched": latched,
-                    "armed": dev.armed.load(Ordering::SeqCst),
-                    "latch": if latched { json!({"since_ms": info.since_ms, "reason": info.reason, "durable": info.durable}) } else { Value::Null },
-                    "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched, "confirmed": latched && dev.stop_confirmed.load(Ordering::SeqCst), "terminated": dev.terminated.load(Ordering::SeqCst)},
-                    "interlocks": interlocks,
-                    "running_operations": self.running_on(d).into_iter().map(|(op, cap)| json!({"operation_id": op, "capability_id": cap})).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        Ok(json!({"devices": list, "not_certified": true, "statement": tether_core::NOT_CERTIFIED}))
+            done.output(),
+            Some(Refusal::new(
+                Code::EvidenceUnavailable,
+                "the latch is held in memory and not yet durable",
+                json!({"reason": "latch_not_durable", "store_error": e}),
+            )),
+        ),
     }
 }
 
-/// Joins futures concurrently without pulling in the `futures` crate: each
-/// runs as its own task on the current runtime... but they borrow `self`, so
-/// they are polled together here instead.
-async fn futures_join_all<F: std::future::Future<Output = DeviceStop>>(
+/// Polls the stops of several devices together, without pulling in the
+/// `futures` crate: they borrow `self`, so they cannot be spawned as tasks.
+/// Answers in the order of `futs`.
+async fn join_stops<F: std::future::Future<Output = DeviceStop>>(
     futs: impl Iterator<Item = F>,
 ) -> Vec<DeviceStop> {
     let mut pinned: Vec<std::pin::Pin<Box<F>>> = futs.map(Box::pin).collect();
     let mut out: Vec<Option<DeviceStop>> = (0..pinned.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if out[i].is_none() {
+        for (f, slot) in pinned.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
                 match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Ready(v) => *slot = Some(v),
                     std::task::Poll::Pending => pending = true,
                 }
             }
@@ -722,9 +503,4 @@ async fn futures_join_all<F: std::future::Future<Output = DeviceStop>>(
     })
     .await;
     out.into_iter().flatten().collect()
-}
-
-#[allow(dead_code)]
-fn mint_op() -> String {
-    ids::mint("op_")
 }

@@ -1,6 +1,7 @@
-//! The safety duties: the e-stop and its latch, the stop path, the governed
-//! stop shared by every process on a store, reset, arming, single-use
-//! safe-place grants and the safety status.
+//! The safety duties: the e-stop and its latch (`estop.rs`), the stop path
+//! (`stop_path.rs`), the governed stop shared by every process on a store
+//! (`governed.rs`), reset (`reset.rs`), arming (`arming.rs`), single-use
+//! safe-place grants (`grants.rs`) and the safety status (`status.rs`).
 //!
 //! **Owns:** everything that stops, and everything that may undo a stop.
 //! **Never belongs here:** the latch *check* of the evaluation order
@@ -11,7 +12,10 @@
 //! wait); a reset that cannot read the shared stop, or be made durable,
 //! keeps the latch.
 
+pub(crate) mod arming;
 pub(crate) mod estop;
 pub mod governed;
 pub(crate) mod grants;
+pub(crate) mod reset;
+pub(crate) mod status;
 pub(crate) mod stop_path;

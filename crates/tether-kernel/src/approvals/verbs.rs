@@ -1,0 +1,212 @@
+//! The approval verbs: `mhs.approvals.list`, `mhs.approvals.get` and
+//! `mhs.approvals.decide`, and who may vote.
+//!
+//! **Owns:** what each caller may see (operators every approval, others
+//! their own), a vote and the status it moves the approval to, and the
+//! voter checks (a human operator, not the requester, once per approval,
+//! only while it is pending).
+//! **Never belongs here:** the gate a command passes and an approval's use
+//! (`gate.rs`).
+//! **Fail-closed rule:** an approval the caller may not see answers as
+//! unknown; a vote that cannot be made durable is undone and not counted;
+//! an unlocked table refuses.
+
+use crate::approvals::{Approval, Status, Vote};
+use crate::kernel::{Kernel, Principal};
+use crate::ApiError;
+use serde_json::{json, Value};
+use tether_core::receipt::now_ms;
+use tether_core::Code;
+use tether_store::{ApprovalRow, Commit, EventDraft};
+
+/// Longest reason text kept from a voter, characters.
+const REASON_CHARS_MAX: usize = 1024;
+
+/// The approval table cannot be locked.
+fn table_unavailable() -> ApiError {
+    ApiError::new(
+        Code::ProtocolInternal,
+        "approval table unavailable",
+        json!({}),
+    )
+}
+
+impl Kernel {
+    /// `mhs.approvals.list`: operators see every approval, others their own.
+    ///
+    /// # Errors
+    /// `status` names no status.
+    pub fn approvals_list(&self, p: &Principal, status: Option<&str>) -> Result<Value, ApiError> {
+        let filter = match status {
+            None => None,
+            Some(s) => Some(Status::parse(s).ok_or_else(|| {
+                ApiError::invalid_params(
+                    "status",
+                    "status must be pending, approved, denied, used or expired",
+                )
+            })?),
+        };
+        let t = self
+            .inner
+            .approvals
+            .lock()
+            .map_err(|_| table_unavailable())?;
+        let now = now_ms();
+        let mut list: Vec<&Approval> = t
+            .by_id
+            .values()
+            .filter(|a| p.operator || a.requester_id == p.id)
+            .filter(|a| filter.is_none_or(|f| a.status_at(now) == f))
+            .collect();
+        list.sort_by_key(|a| (a.base["created_at_ms"].as_u64().unwrap_or(0), a.id.clone()));
+        Ok(json!({"approvals": list.iter().map(|a| a.to_json(now)).collect::<Vec<_>>()}))
+    }
+
+    /// `mhs.approvals.get`.
+    ///
+    /// # Errors
+    /// Unknown id, or not the caller's and the caller is no operator.
+    pub fn approvals_get(&self, p: &Principal, id: &str) -> Result<Value, ApiError> {
+        let t = self
+            .inner
+            .approvals
+            .lock()
+            .map_err(|_| table_unavailable())?;
+        match t.by_id.get(id) {
+            Some(a) if p.operator || a.requester_id == p.id => Ok(a.to_json(now_ms())),
+            _ => Err(unknown(id)),
+        }
+    }
+
+    /// `mhs.approvals.decide`: one operator's vote.
+    ///
+    /// # Errors
+    /// Not an operator (agents and services never decide), the requester
+    /// itself, a second vote by the same operator, a closed or expired
+    /// approval, or the vote could not be made durable.
+    pub async fn approvals_decide(
+        &self,
+        p: &Principal,
+        id: &str,
+        decision: &str,
+        reason: &str,
+    ) -> Result<Value, ApiError> {
+        if !matches!(decision, "approve" | "deny") {
+            return Err(ApiError::invalid_params(
+                "decision",
+                "decision must be \"approve\" or \"deny\"",
+            ));
+        }
+        let reason: String = reason.chars().take(REASON_CHARS_MAX).collect();
+        let (record, event) = {
+            let mut t = self
+                .inner
+                .approvals
+                .lock()
+                .map_err(|_| table_unavailable())?;
+            let now = now_ms();
+            let a = t.by_id.get_mut(id).ok_or_else(|| unknown(id))?;
+            check_voter(p, a, now)?;
+            let before = a.status;
+            a.votes.push(Vote {
+                by: p.id.clone(),
+                decision: decision.to_owned(),
+                reason: reason.clone(),
+                at_ms: now,
+            });
+            if decision == "deny" {
+                a.status = Status::Denied;
+            } else if a.approvals() >= a.quorum as usize {
+                a.status = Status::Approved;
+            }
+            let outcome = (a.status != before).then(|| a.status.as_str());
+            let event = json!({"approval_id": id, "by": p.to_json(), "decision": decision, "reason": reason, "approvals": a.approvals(), "quorum": a.quorum, "outcome": outcome});
+            (a.stored(), event)
+        };
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "approval.vote".into(),
+                body: event.into(),
+            }],
+            approvals: vec![ApprovalRow {
+                approval_id: id.to_owned(),
+                record: record.clone(),
+            }],
+            ..Commit::default()
+        };
+        if let Err(e) = self.commit(commit).await {
+            // Undo the vote: what was not recorded did not happen.
+            self.undo_vote(id, &p.id);
+            return Err(ApiError::new(
+                Code::EvidenceUnavailable,
+                "the vote could not be made durable and was not counted",
+                json!({"reason": "vote_not_durable", "store_error": e.to_string()}),
+            ));
+        }
+        let now = now_ms();
+        self.approvals_get(p, id)
+            .or_else(|_| Ok(json!({"approval_id": id, "status": record["status"], "at_ms": now})))
+    }
+
+    fn undo_vote(&self, id: &str, voter: &str) {
+        if let Ok(mut t) = self.inner.approvals.lock() {
+            if let Some(a) = t.by_id.get_mut(id) {
+                a.votes.retain(|v| v.by != voter);
+                let denied = a.votes.iter().any(|v| v.decision == "deny");
+                a.status = if denied {
+                    Status::Denied
+                } else if a.approvals() >= a.quorum as usize {
+                    Status::Approved
+                } else {
+                    Status::Pending
+                };
+            }
+        }
+    }
+}
+
+fn unknown(id: &str) -> ApiError {
+    ApiError::new(
+        Code::PolicyApprovalUnknown,
+        format!("no approval `{id}` for this caller"),
+        json!({"approval_id": id}),
+    )
+}
+
+fn forbidden(reason: &str, message: &str) -> ApiError {
+    ApiError::new(Code::AuthForbidden, message, json!({"reason": reason}))
+}
+
+fn check_voter(p: &Principal, a: &Approval, now: u64) -> Result<(), ApiError> {
+    if p.kind != crate::PrincipalKind::Human || !p.operator {
+        return Err(forbidden(
+            "operator_required",
+            "only a human operator may decide an approval; agents and services never can",
+        ));
+    }
+    if p.id == a.requester_id {
+        return Err(forbidden(
+            "requester_cannot_decide",
+            "the requester may not decide its own request",
+        ));
+    }
+    // A closed approval says so to every later vote, the voter's own
+    // included; `already_voted` is for one that is still open.
+    match a.status_at(now) {
+        Status::Pending if a.votes.iter().any(|v| v.by == p.id) => Err(forbidden(
+            "already_voted",
+            "this operator has already voted; a quorum needs distinct operators",
+        )),
+        Status::Pending => Ok(()),
+        Status::Expired => Err(ApiError::new(
+            Code::PolicyApprovalExpired,
+            format!("approval `{}` expired", a.id),
+            json!({"approval_id": a.id, "expires_at_ms": a.expires_at_ms}),
+        )),
+        s => Err(ApiError::new(
+            Code::PolicyApprovalClosed,
+            format!("approval `{}` is already {}", a.id, s.as_str()),
+            json!({"approval_id": a.id, "status": s.as_str()}),
+        )),
+    }
+}

@@ -1,0 +1,339 @@
+//! Start-up: [`KernelConfig`], [`StartError`] and [`Kernel::new`], which
+//! restores what a restart must not lose before the kernel answers anything.
+//!
+//! **Owns:** the restore order — orphaned commands reconciled first (their
+//! receipts must be in the idempotency index), then each device with its
+//! latch, arming and revisions, the idempotency index, the budget ledger,
+//! the ControlPolicy and the approvals — and the `endpoint.start` entry,
+//! which also withdraws the approvals asked for before a restored latch.
+//! **Never belongs here:** loading manifests (`loader/`), serving
+//! (`tether-server`), anything a request does.
+//! **Fail-closed rule:** a store that cannot be read, a device without a
+//! driver, a schema that does not compile or a policy that does not validate
+//! stops the start; a restored latch stays latched until a reset; a
+//! journalled budget draw is replayed as drawn (a restart never refills a
+//! window).
+
+use crate::admit::idempotency::Index;
+use crate::admit::session::Sessions;
+use crate::approvals::Approvals;
+use crate::driver::Driver;
+use crate::kernel::{binding_rt, DeviceRt, Inner, Kernel, LatchInfo};
+use crate::loader::{Cell, DeviceSpec};
+use crate::safety::governed;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tether_core::receipt::now_ms;
+use tether_limits::budget::{Ledger, Window, RETENTION_MS};
+use tether_store::{Commit, EventDraft, LatchRow, RevisionRow, Store, StoreError};
+
+/// How far back journalled budget draws are replayed at start, ms.
+const BUDGET_REPLAY_MS: u64 = 7 * 24 * 3_600_000;
+// Every draw a budget window still counts is replayed after a restart.
+const _: () = assert!(BUDGET_REPLAY_MS >= RETENTION_MS);
+
+/// Settings of a kernel, passed explicitly (no hidden defaults at call sites).
+#[derive(Clone, Debug)]
+pub struct KernelConfig {
+    /// Endpoint id shown in hello.
+    pub endpoint_id: String,
+    /// Default session lifetime without heartbeat, ms.
+    pub session_ttl_ms: u64,
+    /// Most live sessions at once.
+    pub sessions_max: usize,
+    /// Completed command ids kept in memory for replay checks.
+    pub idempotency_cache_max: usize,
+    /// Deadline of a command that names none, ms.
+    pub default_deadline_ms: u64,
+    /// How long an approval stays open (pending or approved and unused), ms.
+    pub approval_ttl_ms: u64,
+    /// The ControlPolicy as (name, Cedar text); `None` serves the built-in default.
+    pub policy: Option<(String, String)>,
+    /// Whether hardware and hybrid devices start armed. `true` (the
+    /// standard): armed unless an operator disarmed them (durably, so a
+    /// restart keeps a disarm). `false`: every start begins disarmed and an
+    /// operator arms each device (`mhs.safety.arm`).
+    pub hardware_armed_at_start: bool,
+}
+
+impl KernelConfig {
+    /// The settings `tether serve` uses, written out so they are visible.
+    pub fn standard(endpoint_id: &str) -> Self {
+        Self {
+            endpoint_id: endpoint_id.to_owned(),
+            session_ttl_ms: 600_000,
+            sessions_max: 10_000,
+            idempotency_cache_max: 200_000,
+            default_deadline_ms: 300_000,
+            approval_ttl_ms: 3_600_000,
+            policy: None,
+            hardware_armed_at_start: true,
+        }
+    }
+}
+
+/// Why a kernel could not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// A device has no driver.
+    MissingDriver(String),
+    /// A served schema does not compile.
+    Schema {
+        /// Device.
+        device: String,
+        /// Binding.
+        capability_id: String,
+        /// Message.
+        message: String,
+    },
+    /// The store failed.
+    Store(StoreError),
+    /// The ControlPolicy does not load or validate.
+    Policy(tether_policy::PolicyError),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::MissingDriver(d) => write!(f, "device `{d}`: no driver"),
+            StartError::Schema {
+                device,
+                capability_id,
+                message,
+            } => {
+                write!(f, "device `{device}`: binding `{capability_id}`: schema does not compile: {message}")
+            }
+            StartError::Store(e) => write!(f, "evidence store: {e}"),
+            StartError::Policy(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// What the store holds for the devices: read once at start.
+struct Stored {
+    latches: Vec<LatchRow>,
+    revisions: Vec<RevisionRow>,
+}
+
+impl Kernel {
+    /// Builds a kernel over a loaded cell, its drivers (by device id) and a
+    /// store, restoring latches, arming, revisions, budgets, the idempotency
+    /// index and approvals, then records `endpoint.start`.
+    ///
+    /// # Errors
+    /// A device without a driver, a schema that does not compile, a
+    /// ControlPolicy that does not load or validate, a store failure.
+    pub fn new(
+        config: KernelConfig,
+        cell: Cell,
+        drivers: HashMap<String, Arc<dyn Driver>>,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, StartError> {
+        // Orphans first: their receipts must be in the idempotency index.
+        crate::dispatch::evidence::reconcile_orphans(store.as_ref()).map_err(StartError::Store)?;
+        let stored = Stored {
+            latches: store.latches().map_err(StartError::Store)?,
+            revisions: store.revisions().map_err(StartError::Store)?,
+        };
+        let (devices, index) = restore_devices(&config, cell, drivers, &stored)?;
+        let idem = restore_index(&config, store.as_ref())?;
+        let now = now_ms();
+        let ledger = restore_budgets(store.as_ref(), now)?;
+        let sessions = Sessions::new(config.sessions_max);
+        let policy = crate::check::policy::load(&config, &devices).map_err(StartError::Policy)?;
+        let approvals = Approvals::restore(&store.approvals().map_err(StartError::Store)?);
+        let kernel = Kernel {
+            inner: Arc::new(Inner {
+                config,
+                devices,
+                index,
+                store,
+                sessions: Mutex::new(sessions),
+                idem: Mutex::new(idem),
+                budgets: Mutex::new(ledger),
+                ops: Mutex::new(HashMap::new()),
+                finished_ops: Mutex::new(crate::dispatch::operations::Finished::default()),
+                grants: Mutex::new(crate::safety::grants::Grants::default()),
+                permits: Mutex::new(crate::check::permits::Permits::default()),
+                policy,
+                approvals: Mutex::new(approvals),
+                started: Instant::now(),
+                started_ms: now,
+                stop_watch: governed::WatchHealth::default(),
+            }),
+        };
+        kernel.record_start()?;
+        Ok(kernel)
+    }
+
+    /// The `endpoint.start` entry, made durable before the kernel serves.
+    /// A latch restored from the store may come from a trip no endpoint saw
+    /// (`tether estop` while none ran): the approvals asked for before it
+    /// are withdrawn now, as a live e-stop withdraws them.
+    fn record_start(&self) -> Result<(), StartError> {
+        let devices: Vec<Value> = self
+            .inner
+            .devices
+            .iter()
+            .map(|d| json!({"device_id": d.id(), "mode": d.spec.manifest.mode.as_str(), "latched": d.latched.load(Ordering::SeqCst), "origin": d.spec.origin}))
+            .collect();
+        let mut revoked = Vec::new();
+        for d in &self.inner.devices {
+            if d.latched.load(Ordering::SeqCst) {
+                let since = d.latch.lock().map_or(u64::MAX, |l| l.since_ms);
+                revoked.extend(self.revoke_approvals_before(d.id(), since));
+            }
+        }
+        let revoked_ids: Vec<&str> = revoked.iter().map(|r| r.approval_id.as_str()).collect();
+        self.inner
+            .store
+            .commit_blocking(Commit {
+                events: vec![EventDraft {
+                    kind: "endpoint.start".into(),
+                    body: json!({"endpoint_id": self.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices, "revoked_approvals": revoked_ids}).into(),
+                }],
+                approvals: revoked,
+                ..Commit::default()
+            })
+            .map_err(StartError::Store)?;
+        Ok(())
+    }
+}
+
+/// Every device of the cell with its driver, compiled schemas and restored
+/// state, in load order, and the index of each by id.
+fn restore_devices(
+    config: &KernelConfig,
+    cell: Cell,
+    mut drivers: HashMap<String, Arc<dyn Driver>>,
+    stored: &Stored,
+) -> Result<(Vec<DeviceRt>, HashMap<String, usize>), StartError> {
+    let mut devices = Vec::new();
+    let mut index = HashMap::new();
+    for spec in cell.devices {
+        let id = spec.manifest.device_id.clone();
+        let driver = drivers
+            .remove(&id)
+            .ok_or_else(|| StartError::MissingDriver(id.clone()))?;
+        index.insert(id, devices.len());
+        devices.push(restore_device(config, spec, driver, stored)?);
+    }
+    Ok((devices, index))
+}
+
+/// One device: its schemas compiled, its revisions, latch and arming as
+/// the store last recorded them.
+fn restore_device(
+    config: &KernelConfig,
+    spec: DeviceSpec,
+    driver: Arc<dyn Driver>,
+    stored: &Stored,
+) -> Result<DeviceRt, StartError> {
+    let id = spec.manifest.device_id.as_str();
+    let bindings = spec
+        .bindings
+        .iter()
+        .map(|b| binding_rt(id, b))
+        .collect::<Result<Vec<_>, _>>()?;
+    let revisions = spec
+        .manifest
+        .resources
+        .iter()
+        .map(|r| {
+            let revision = stored
+                .revisions
+                .iter()
+                .find(|row| row.device_id == id && row.resource == r.id)
+                .map_or(0, |row| row.revision);
+            (r.id.clone(), AtomicU64::new(revision))
+        })
+        .collect();
+    let (latch, latched, latch_event_ms) = restored_latch(&stored.latches, id);
+    let (armed, arming_ms) = restored_arming(config, &spec, &stored.latches);
+    Ok(DeviceRt {
+        spec,
+        driver,
+        bindings,
+        latched: AtomicBool::new(latched),
+        latch: Mutex::new(latch),
+        latch_event_ms: AtomicU64::new(latch_event_ms),
+        armed: AtomicBool::new(armed),
+        arming_ms: AtomicU64::new(arming_ms),
+        estop_epoch: AtomicU64::new(0),
+        stops_in_flight: AtomicUsize::new(0),
+        stop_confirmed: AtomicBool::new(false),
+        terminated: AtomicBool::new(false),
+        unreconciled: Mutex::new(BTreeMap::new()),
+        revisions,
+        lock: tokio::sync::Mutex::new(()),
+    })
+}
+
+/// The latch of a device from the newest stored trip or reset (its own or
+/// the governed stop of every device): the latch, whether it is set, and
+/// the time of that event (older rows are ignored from then on).
+fn restored_latch(latches: &[LatchRow], id: &str) -> (LatchInfo, bool, u64) {
+    let newest = governed::newest_event(latches, id);
+    match newest {
+        Some(ev) if ev.latched => (
+            LatchInfo {
+                since_ms: ev.at_ms,
+                reason: ev.reason,
+                durable: true,
+            },
+            true,
+            ev.at_ms,
+        ),
+        Some(ev) => (LatchInfo::default(), false, ev.at_ms),
+        None => (LatchInfo::default(), false, 0),
+    }
+}
+
+/// Whether a device starts armed, and the time of that arming: a device
+/// that moves nothing physical is always armed; hardware keeps its stored
+/// arming (armed when none is stored), or starts disarmed at every start
+/// when `hardware_armed_at_start` is off.
+fn restored_arming(config: &KernelConfig, spec: &DeviceSpec, latches: &[LatchRow]) -> (bool, u64) {
+    if !spec.manifest.mode.is_physical() {
+        (true, 0)
+    } else if config.hardware_armed_at_start {
+        governed::arming_of(latches, &spec.manifest.device_id).unwrap_or((true, 0))
+    } else {
+        // Disarmed at every start: only a later arm counts.
+        (false, now_ms())
+    }
+}
+
+/// The idempotency index, warmed with the newest receipts' digests.
+fn restore_index(config: &KernelConfig, store: &dyn Store) -> Result<Index, StartError> {
+    let (warm, complete) = store
+        .receipt_digests(config.idempotency_cache_max)
+        .map_err(StartError::Store)?;
+    let mut idem = Index::new(config.idempotency_cache_max.max(1), complete);
+    for (id, digest) in warm {
+        idem.warm(id, digest);
+    }
+    Ok(idem)
+}
+
+/// The budget ledger: every journalled draw not released is replayed as
+/// drawn, so a restart never refills a window.
+fn restore_budgets(store: &dyn Store, now: u64) -> Result<Ledger, StartError> {
+    let mut ledger = Ledger::new();
+    let rows = store
+        .budget_rows_since(now.saturating_sub(BUDGET_REPLAY_MS))
+        .map_err(StartError::Store)?;
+    for row in rows.iter().filter(|row| !row.released) {
+        // The key is `device/capability/path/window[/session]`.
+        let window = row.key.split('/').nth(3).and_then(Window::parse);
+        if let Some(window) = window {
+            let _ = ledger.record(&row.key, window, row.amount, row.ts_ms, &row.reservation_id);
+        }
+    }
+    Ok(ledger)
+}
