@@ -329,11 +329,50 @@ fn restore_budgets(store: &dyn Store, now: u64) -> Result<Ledger, StartError> {
         .budget_rows_since(now.saturating_sub(BUDGET_REPLAY_MS))
         .map_err(StartError::Store)?;
     for row in rows.iter().filter(|row| !row.released) {
-        // The key is `device/capability/path/window[/session]`.
-        let window = row.key.split('/').nth(3).and_then(Window::parse);
-        if let Some(window) = window {
+        if let Some(window) = window_of_key(&row.key) {
             let _ = ledger.record(&row.key, window, row.amount, row.ts_ms, &row.reservation_id);
         }
     }
     Ok(ledger)
+}
+
+/// The window of a budget key `device/capability/path/window[/session]`,
+/// read from its end: a device id may hold `/` (a capability id, a window
+/// and a session id never do), so counting from the start would miss the
+/// draws of such a device and a restart would refill its window.
+fn window_of_key(key: &str) -> Option<Window> {
+    let mut segments = key.rsplit('/');
+    let last = segments.next()?;
+    match Window::parse(last) {
+        Some(Window::Session) | None => segments
+            .next()
+            .and_then(Window::parse)
+            .filter(|w| *w == Window::Session),
+        Some(window) => Some(window),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_key_names_its_window_whatever_the_device_id_holds() {
+        let cases = [
+            ("oven-1/cap.x.v1/power/rolling_1h", Some(Window::Rolling1h)),
+            (
+                "lab/oven:2/cap.x.v1/power/rolling_24h",
+                Some(Window::Rolling24h),
+            ),
+            (
+                "lab/oven/cap.x.v1/power/session/mhs_s_abc",
+                Some(Window::Session),
+            ),
+            ("oven-1/cap.x.v1/power/session/-", Some(Window::Session)),
+            ("oven-1/cap.x.v1/power/weekly", None),
+        ];
+        for (key, window) in cases {
+            assert_eq!(window_of_key(key), window, "{key}");
+        }
+    }
 }
