@@ -1,11 +1,15 @@
 //! The generated reference file of a device (`reference.json` and its
 //! Markdown view). Built from the effective limits the kernel enforces, never
 //! hand-written, deterministic for the same inputs.
+//!
+//! **Never belongs here:** deciding anything (it shows what the loader
+//! resolved and the checks enforce; nothing reads it back to check).
 
 use crate::loader::{BindingSpec, DeviceSpec};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::fmt::Write as _;
 use tether_core::catalogue::{self, Verb};
+use tether_core::manifest::DeviceManifest;
 
 /// The effective-limits block of one binding (`x-mhs-effective-limits`).
 pub fn effective_limits(b: &BindingSpec) -> Value {
@@ -33,52 +37,7 @@ fn binding_entry(b: &BindingSpec) -> Value {
 /// The reference JSON of a device.
 pub fn reference_json(spec: &DeviceSpec) -> Value {
     let m = &spec.manifest;
-    let mut measures = Vec::new();
-    let mut adjusts = Vec::new();
-    for r in &m.resources {
-        let configure = spec
-            .bindings
-            .iter()
-            .find(|b| b.capability_id == catalogue::CONFIGURE && b.resource == r.id);
-        let props = r.state_schema.get("properties").and_then(Value::as_object);
-        for (name, prop) in props.into_iter().flatten() {
-            let read_only = prop.get("readOnly") == Some(&Value::Bool(true));
-            let unit = prop
-                .get("x-mhs-unit")
-                .or_else(|| prop.get("items").and_then(|i| i.get("x-mhs-unit")));
-            let entry = json!({"resource": r.id, "field": name, "type": prop.get("type"), "unit": unit, "description": prop.get("description")});
-            match configure {
-                Some(c) if !read_only => {
-                    let limits = c.limits.to_json();
-                    let limit = limits.get("limits").and_then(|l| l.get(name)).cloned();
-                    // Limits on members or elements inside the field
-                    // (`cfg.gain`, `arr[*]`): enforced too, so shown too.
-                    let within: serde_json::Map<String, Value> = limits
-                        .get("limits")
-                        .and_then(Value::as_object)
-                        .into_iter()
-                        .flatten()
-                        .filter(|(path, _)| is_within(path, name))
-                        .map(|(path, rule)| (path.clone(), rule.clone()))
-                        .collect();
-                    // Unset: deferred to the operator and no overlay filled it
-                    // (on the field or anything inside it).
-                    let operator_required = c.limits.rules().iter().any(|r| {
-                        let path = r.path().to_string();
-                        (path == *name || is_within(&path, name))
-                            && r.is_operator_required()
-                            && !r.is_filled()
-                    });
-                    let mut e = entry;
-                    e["limit"] = limit.unwrap_or(Value::Null);
-                    e["limits_within"] = Value::Object(within);
-                    e["operator_required"] = json!(operator_required);
-                    adjusts.push(e);
-                }
-                _ => measures.push(entry),
-            }
-        }
-    }
+    let (mut measures, adjusts) = state_fields(spec);
     for b in &spec.bindings {
         if b.is_read() {
             measures.push(
@@ -130,6 +89,66 @@ pub fn reference_json(spec: &DeviceSpec) -> Value {
     })
 }
 
+/// The fields of each resource's state schema: a writable field of a
+/// resource with a configure binding is an adjust (with the limits the
+/// binding enforces on it), any other field a measure.
+fn state_fields(spec: &DeviceSpec) -> (Vec<Value>, Vec<Value>) {
+    let mut measures = Vec::new();
+    let mut adjusts = Vec::new();
+    for r in &spec.manifest.resources {
+        let configure = spec
+            .bindings
+            .iter()
+            .find(|b| b.capability_id == catalogue::CONFIGURE && b.resource == r.id);
+        let props = r.state_schema.get("properties").and_then(Value::as_object);
+        for (name, prop) in props.into_iter().flatten() {
+            let read_only = prop.get("readOnly") == Some(&Value::Bool(true));
+            let unit = prop
+                .get("x-mhs-unit")
+                .or_else(|| prop.get("items").and_then(|i| i.get("x-mhs-unit")));
+            let mut entry = Map::new();
+            entry.insert("resource".into(), json!(r.id));
+            entry.insert("field".into(), json!(name));
+            entry.insert("type".into(), json!(prop.get("type")));
+            entry.insert("unit".into(), json!(unit));
+            entry.insert("description".into(), json!(prop.get("description")));
+            match configure {
+                Some(c) if !read_only => adjusts.push(with_limits(entry, c, name)),
+                _ => measures.push(Value::Object(entry)),
+            }
+        }
+    }
+    (measures, adjusts)
+}
+
+/// A writable field's entry with the limits configure binding `c` enforces
+/// on field `name`: its own, those within it, and whether one is still
+/// operator-required.
+fn with_limits(mut e: Map<String, Value>, c: &BindingSpec, name: &str) -> Value {
+    let limits = c.limits.to_json();
+    let limit = limits.get("limits").and_then(|l| l.get(name)).cloned();
+    // Limits on members or elements inside the field
+    // (`cfg.gain`, `arr[*]`): enforced too, so shown too.
+    let within: Map<String, Value> = limits
+        .get("limits")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(path, _)| is_within(path, name))
+        .map(|(path, rule)| (path.clone(), rule.clone()))
+        .collect();
+    // Unset: deferred to the operator and no overlay filled it
+    // (on the field or anything inside it).
+    let operator_required = c.limits.rules().iter().any(|r| {
+        let path = r.path().to_string();
+        (path == *name || is_within(&path, name)) && r.is_operator_required() && !r.is_filled()
+    });
+    e.insert("limit".into(), limit.unwrap_or(Value::Null));
+    e.insert("limits_within".into(), Value::Object(within));
+    e.insert("operator_required".into(), json!(operator_required));
+    Value::Object(e)
+}
+
 /// Whether limit path `path` addresses something inside field `name`
 /// (`name.x`, `name[*]`, `name[2].y`).
 fn is_within(path: &str, name: &str) -> bool {
@@ -175,6 +194,17 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
     let r = reference_json(spec);
     let m = &spec.manifest;
     let mut out = String::new();
+    markdown_header(&mut out, m);
+    markdown_measures(&mut out, &r);
+    markdown_adjusts(&mut out, &r);
+    markdown_actions(&mut out, spec);
+    markdown_safety(&mut out, m);
+    out
+}
+
+/// The title, the not-certified statement, mode, risk, driver, fidelity and
+/// description.
+fn markdown_header(out: &mut String, m: &DeviceManifest) {
     let _ = writeln!(out, "# {} — reference\n", m.device_id);
     let _ = writeln!(out, "> {}\n", tether_core::NOT_CERTIFIED);
     let _ = writeln!(
@@ -190,6 +220,10 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
     if !m.description.is_empty() {
         let _ = writeln!(out, "- {}", m.description);
     }
+}
+
+/// One line per measured field and per read binding of the reference JSON.
+fn markdown_measures(out: &mut String, r: &Value) {
     let _ = writeln!(out, "\n## Measures\n");
     for x in r["measures"].as_array().into_iter().flatten() {
         match x.get("field") {
@@ -216,6 +250,10 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
             }
         }
     }
+}
+
+/// One line per writable field, with the limits on what it holds below it.
+fn markdown_adjusts(out: &mut String, r: &Value) {
     let _ = writeln!(out, "\n## Adjusts (mhs.resource.write)\n");
     for x in r["adjusts"].as_array().into_iter().flatten() {
         let name = format!(
@@ -227,18 +265,7 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
             .get("limits_within")
             .and_then(Value::as_object)
             .filter(|w| !w.is_empty());
-        let limit = match x.get("limit").filter(|v| !v.is_null()) {
-            _ if x["operator_required"] == json!(true)
-                && x["operator_filled"] != json!(true)
-                && within.is_none() =>
-            {
-                format!("`{name}` operator_required: refused until an operator overlay fills it")
-            }
-            Some(l) => limit_line(&name, l),
-            None if within.is_some() => format!("`{name}`: limits on what it holds"),
-            None => format!("`{name}` no limit"),
-        };
-        let _ = writeln!(out, "- {limit}");
+        let _ = writeln!(out, "- {}", adjust_line(x, &name, within.is_some()));
         let resource = x["resource"].as_str().unwrap_or("");
         for (path, rule) in within.into_iter().flatten() {
             let _ = writeln!(
@@ -248,42 +275,72 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
             );
         }
     }
+}
+
+/// The limit of writable field `name` (entry `x`): unset and refused until
+/// an operator fills it, its own limit, only limits within, or none.
+fn adjust_line(x: &Value, name: &str, has_within: bool) -> String {
+    match x.get("limit").filter(|v| !v.is_null()) {
+        _ if x["operator_required"] == json!(true)
+            && x["operator_filled"] != json!(true)
+            && !has_within =>
+        {
+            format!("`{name}` operator_required: refused until an operator overlay fills it")
+        }
+        Some(l) => limit_line(name, l),
+        None if has_within => format!("`{name}`: limits on what it holds"),
+        None => format!("`{name}` no limit"),
+    }
+}
+
+/// A section per action binding (not a read, not configure).
+fn markdown_actions(out: &mut String, spec: &DeviceSpec) {
     let _ = writeln!(out, "\n## Actions\n");
     for b in spec
         .bindings
         .iter()
         .filter(|b| !b.is_read() && b.capability_id != catalogue::CONFIGURE)
     {
-        let _ = writeln!(
-            out,
-            "### `{}` on `{}` — risk {}{}\n",
-            b.capability_id,
-            b.resource,
-            b.risk,
-            if b.is_stop() { ", stop class" } else { "" }
-        );
-        if !b.description.is_empty() {
-            let _ = writeln!(out, "{}\n", b.description);
-        }
-        let l = b.limits.to_json();
-        let mut any = false;
-        if let Some(map) = l.get("limits").and_then(Value::as_object) {
-            for (path, rule) in map {
-                any = true;
-                let _ = writeln!(out, "- {}", limit_line(path, rule));
-            }
-        }
-        if let Some(c) = l.get("cumulative").and_then(Value::as_array) {
-            for rule in c {
-                any = true;
-                let _ = writeln!(out, "- cumulative: {rule}");
-            }
-        }
-        if !any {
-            let _ = writeln!(out, "- no numeric limits");
-        }
-        let _ = writeln!(out);
+        markdown_action(out, b);
     }
+}
+
+/// One action: capability, resource, risk, description and its limits.
+fn markdown_action(out: &mut String, b: &BindingSpec) {
+    let _ = writeln!(
+        out,
+        "### `{}` on `{}` — risk {}{}\n",
+        b.capability_id,
+        b.resource,
+        b.risk,
+        if b.is_stop() { ", stop class" } else { "" }
+    );
+    if !b.description.is_empty() {
+        let _ = writeln!(out, "{}\n", b.description);
+    }
+    let l = b.limits.to_json();
+    let mut any = false;
+    if let Some(map) = l.get("limits").and_then(Value::as_object) {
+        for (path, rule) in map {
+            any = true;
+            let _ = writeln!(out, "- {}", limit_line(path, rule));
+        }
+    }
+    if let Some(c) = l.get("cumulative").and_then(Value::as_array) {
+        for rule in c {
+            any = true;
+            let _ = writeln!(out, "- cumulative: {rule}");
+        }
+    }
+    if !any {
+        let _ = writeln!(out, "- no numeric limits");
+    }
+    let _ = writeln!(out);
+}
+
+/// The e-stop budget, the safe state, the interlocks and the not-certified
+/// reminder.
+fn markdown_safety(out: &mut String, m: &DeviceManifest) {
     let _ = writeln!(out, "## Safety\n");
     let _ = writeln!(
         out,
@@ -310,5 +367,4 @@ pub fn reference_markdown(spec: &DeviceSpec) -> String {
         );
     }
     let _ = writeln!(out, "- not certified: Tether enforces a software envelope; keep an independent hardware e-stop.");
-    out
 }
