@@ -25,7 +25,7 @@ use crate::kernel::{Kernel, Principal};
 use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
 use std::time::Instant;
-use tether_core::receipt::now_ms;
+
 use tether_core::{Code, Refusal};
 use tether_store::canonical;
 
@@ -62,11 +62,16 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// A context for `command_id` on device `device` that knows nothing
-    /// else yet: no binding, no input, accepted now, due now. Callers fill
-    /// in what they know with struct-update syntax.
-    pub(crate) fn bare(device: usize, command_id: String, principal: Principal) -> Self {
-        let now = Instant::now();
+    /// A context for `command_id` on device `device`, arrived at
+    /// `(t0, accepted_at_ms)`, that knows nothing else yet: no binding, no
+    /// input, due at once. Callers fill in what they know with
+    /// struct-update syntax. The clock is read by the caller, once.
+    pub(crate) fn bare(
+        device: usize,
+        command_id: String,
+        principal: Principal,
+        (t0, accepted_at_ms): (Instant, u64),
+    ) -> Self {
         Self {
             device,
             binding: usize::MAX,
@@ -77,9 +82,9 @@ impl Ctx {
             input: Value::Null,
             principal,
             session_id: None,
-            accepted_at_ms: now_ms(),
-            t0: now,
-            deadline: now,
+            accepted_at_ms,
+            t0,
+            deadline: t0,
             expected_revision: None,
             safe_place_grant: None,
             permit_id: None,
@@ -183,14 +188,17 @@ impl Kernel {
             digest: arrival.digest,
             input: req.input,
             session_id: Some(session_id),
-            accepted_at_ms: arrival.accepted_at_ms,
-            t0: arrival.t0,
             deadline: arrival.deadline,
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant,
             permit_id: req.permit_id,
             rider,
-            ..Ctx::bare(arrival.device, command_id, p.clone())
+            ..Ctx::bare(
+                arrival.device,
+                command_id,
+                p.clone(),
+                (arrival.t0, arrival.accepted_at_ms),
+            )
         }
     }
 
@@ -300,11 +308,10 @@ impl Kernel {
             binding: bi,
             input: req.input.clone(),
             session_id: Some(sid),
-            accepted_at_ms: 0,
             expected_revision: req.expected_revision,
             safe_place_grant: req.safe_place_grant.clone(),
             permit_id: req.permit_id.clone(),
-            ..Ctx::bare(d, "preflight".into(), p.clone())
+            ..Ctx::bare(d, "preflight".into(), p.clone(), (Instant::now(), 0))
         };
         match self.checks(&ctx, Effects::DryRun) {
             Ok(admitted) => {

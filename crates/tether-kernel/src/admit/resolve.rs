@@ -163,11 +163,14 @@ impl Kernel {
         let ctx = Ctx {
             digest: arrival.digest.clone(),
             session_id: req.session_id.clone(),
-            accepted_at_ms: arrival.accepted_at_ms,
-            t0: arrival.t0,
             deadline: arrival.deadline,
             rider,
-            ..Ctx::bare(arrival.device, arrival.command_id.clone(), p.clone())
+            ..Ctx::bare(
+                arrival.device,
+                arrival.command_id.clone(),
+                p.clone(),
+                (arrival.t0, arrival.accepted_at_ms),
+            )
         };
         self.reject(&ctx, &req.capability_id, req.resource.as_deref(), refusal)
             .await

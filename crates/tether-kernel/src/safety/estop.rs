@@ -346,7 +346,6 @@ impl Kernel {
         let t0 = stop.t0;
         let ctx = Ctx {
             session_id: stop.session_id.clone(),
-            t0,
             // A budget too large for the clock leaves a deadline already
             // passed, as `Ctx::bare` has it.
             deadline: t0.checked_add(outcome.budget).unwrap_or(t0),
@@ -355,6 +354,7 @@ impl Kernel {
                 stop.command_id
                     .map_or_else(|| CommandId::mint().as_str().to_owned(), str::to_owned),
                 stop.by.clone().unwrap_or_else(Principal::local_agent),
+                (t0, now_ms()),
             )
         };
         let (status, output, error) = stop_status(outcome.path, outcome.latch_durable);

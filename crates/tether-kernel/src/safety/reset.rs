@@ -19,6 +19,7 @@ use crate::order::Ctx;
 use crate::{ApiError, ResetRequest};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 use tether_core::ids::CommandId;
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal, Status};
@@ -40,7 +41,12 @@ impl Kernel {
         let dev = &self.inner.devices[d];
         let ctx = Ctx {
             session_id: req.session_id.clone(),
-            ..Ctx::bare(d, CommandId::mint().as_str().to_owned(), p.clone())
+            ..Ctx::bare(
+                d,
+                CommandId::mint().as_str().to_owned(),
+                p.clone(),
+                (Instant::now(), now_ms()),
+            )
         };
         let epoch = dev.estop_epoch.load(Ordering::SeqCst);
         if let Some(refusal) = self.reset_refusal(d, p) {
