@@ -90,7 +90,8 @@ pub(crate) fn status_of(code: Code) -> StatusCode {
         | SessionCapabilityNotGranted
         | SafetyPermitInvalid
         | SafetyApprovalRequired
-        | PolicyDenied => StatusCode::FORBIDDEN,
+        | PolicyDenied
+        | AuthOriginRefused => StatusCode::FORBIDDEN,
         CapabilityNotBound
         | CapabilityInputInvalid
         | ResourceFieldUnknown
@@ -111,7 +112,8 @@ pub(crate) fn status_of(code: Code) -> StatusCode {
         | PolicyHeld
         | PolicyApprovalClosed => StatusCode::CONFLICT,
         PolicyApprovalExpired => StatusCode::GONE,
-        SessionLimit => StatusCode::TOO_MANY_REQUESTS,
+        SessionLimit | ProtocolLimit => StatusCode::TOO_MANY_REQUESTS,
+        ProtocolUnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         OutcomeTimeout => StatusCode::GATEWAY_TIMEOUT,
         DeviceUnavailable | EvidenceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         AdapterManifestInvalid
