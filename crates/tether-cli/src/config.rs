@@ -38,6 +38,53 @@ pub struct EndpointConfig {
     /// disarmed, and an operator arms each device (`tether arm`).
     #[serde(default)]
     pub hardware_armed_at_start: Option<bool>,
+    /// The HTTP listeners (`[http]`).
+    #[serde(default)]
+    pub http: HttpConfig,
+}
+
+/// The `[http]` table: how the HTTP listeners (`--http`, `--mcp-http`) meet
+/// the network. Unknown keys are refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Host names (or addresses) the endpoint is also reached by, beyond its
+    /// listen address: `name` (on the listen port, or without a port through
+    /// a proxy) or `name:port`. Default: none.
+    pub public_names: Vec<String>,
+    /// Browser origins allowed to call, beyond the endpoint's own
+    /// (`https://console.lab.example`). Default: none.
+    pub allowed_origins: Vec<String>,
+}
+
+/// The edge's `[http]` keys, read (`tether_server::edge`).
+///
+/// # Errors
+/// Every entry that cannot be read, as a defect naming `http.KEY[i]`.
+pub fn edge(
+    loaded: &Loaded,
+    origin: &Path,
+) -> Result<tether_server::edge::EdgeConfig, Vec<Defect>> {
+    read_edge(origin, &loaded.config.http)
+}
+
+fn read_edge(
+    file: &Path,
+    http: &HttpConfig,
+) -> Result<tether_server::edge::EdgeConfig, Vec<Defect>> {
+    tether_server::edge::EdgeConfig::parse(&http.public_names, &http.allowed_origins).map_err(
+        |defects| {
+            defects
+                .into_iter()
+                .map(|(field, message)| Defect {
+                    file: file.display().to_string(),
+                    device: "-".into(),
+                    field: format!("http.{field}"),
+                    message,
+                })
+                .collect()
+        },
+    )
 }
 
 /// A `[[principals]]` table.
@@ -233,6 +280,9 @@ fn read_listed_files(
         Vec::new()
     };
     let mut defects = Vec::new();
+    if let Err(bad) = read_edge(path, &config.http) {
+        defects.extend(bad);
+    }
     if let Some(ttl) = config.approval_ttl_s {
         if !(1..=APPROVAL_TTL_S_MAX).contains(&ttl) {
             defects.push(defect(

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tether_kernel::{Kernel, Principal};
+use tether_server::edge::{Edge, EdgeConfig};
 
 /// Where the endpoint listens, and how.
 pub struct Surfaces {
@@ -55,6 +56,16 @@ pub fn serve(
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
+    let origin = config_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("(built-in)"));
+    let edge = match crate::config::edge(&prepared.0, &origin) {
+        Ok(e) => e,
+        Err(defects) => {
+            crate::check::print_defects(&defects);
+            return Ok(ExitCode::from(2));
+        }
+    };
     let principal = if surfaces.stdio {
         match stdio_principal(&prepared.2, "TETHER_TOKEN") {
             Ok(p) => Some(p),
@@ -88,7 +99,7 @@ pub fn serve(
             .await?;
             return Ok(ExitCode::SUCCESS);
         }
-        serve_network(kernel, auth, &surfaces, *device_count, dir).await
+        serve_network(kernel, auth, &edge, &surfaces, *device_count, dir).await
     })
 }
 
@@ -112,6 +123,7 @@ async fn bind(
 async fn serve_network(
     kernel: &Kernel,
     auth: &tether_server::auth::Authenticator,
+    edge: &EdgeConfig,
     surfaces: &Surfaces,
     device_count: usize,
     dir: &Path,
@@ -125,11 +137,17 @@ async fn serve_network(
             listener.local_addr()?,
             dir.display()
         );
+        say_served_names(&listener, edge)?;
         let done = shutdown.clone();
-        let server =
-            tether_server::http::serve(kernel.clone(), auth.clone(), listener, async move {
+        let server = tether_server::http::serve(
+            kernel.clone(),
+            auth.clone(),
+            edge.clone(),
+            listener,
+            async move {
                 done.cancelled().await;
-            });
+            },
+        );
         servers.spawn(server);
     }
     if let Some(addr) = &surfaces.mcp_http {
@@ -140,9 +158,11 @@ async fn serve_network(
             tether_server::mcp::http::MCP_PATH,
             dir.display()
         );
+        say_served_names(&listener, edge)?;
         let server = tether_server::mcp::http::serve(
             kernel.clone(),
             auth.clone(),
+            edge.clone(),
             listener,
             shutdown.clone(),
         );
@@ -163,6 +183,17 @@ async fn serve_network(
     })
     .await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says which `Host` names a listener answers (the rest are refused 403).
+fn say_served_names(listener: &tokio::net::TcpListener, edge: &EdgeConfig) -> anyhow::Result<()> {
+    let served = Edge::new(listener.local_addr()?, edge).hosts();
+    eprintln!(
+        "tether: http://{} answers Host {} (others: [http] public_names)",
+        listener.local_addr()?,
+        served.join(", ")
+    );
+    Ok(())
 }
 
 /// Longest wait, at shutdown, for running operations to end and then for

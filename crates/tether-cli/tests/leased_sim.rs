@@ -102,7 +102,7 @@ fn kill_9_of_the_endpoint_mid_motion_leaves_the_external_arm_stopped_within_one_
     let long = std::thread::spawn(move || {
         use std::io::{Read, Write};
         if let Ok(mut c) = std::net::TcpStream::connect(addr) {
-            let _ = write!(c, "POST /rpc HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{request}", request.len());
+            let _ = write!(c, "POST /rpc HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{request}", request.len());
             let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
             let _ = c.read_to_end(&mut Vec::new());
         }

@@ -1,16 +1,20 @@
 //! JSON-RPC over HTTP: `POST /rpc` (and `GET /healthz`), with the REST tool
-//! gateway (`crate::rest`) on the same server.
+//! gateway (`crate::rest`) on the same server, all behind the edge
+//! (`crate::edge::guard`: token, Host and Origin, content type).
 //!
 //! Each request runs on its own task, so an e-stop is served while a long
 //! motion is in flight on another connection.
 
 use crate::auth::Authenticator;
+use crate::edge::guard::{guard as edge_guard, HttpGuard};
+use crate::edge::{Edge, EdgeConfig};
 use crate::json_response;
 use crate::rpc::{error_response, handle_text};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::{header, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -25,19 +29,25 @@ struct AppState {
     auth: Arc<Authenticator>,
 }
 
-/// The router (exposed for in-process tests).
-pub fn router(kernel: Kernel, auth: Authenticator) -> Router {
+/// The router (exposed for in-process tests), behind the edge
+/// (`crate::edge`): every route, the answers to unknown ones included.
+pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge) -> Router {
     let auth = Arc::new(auth);
+    let (rest, rest_estop) = crate::rest::router_and_estop(kernel.clone(), Arc::clone(&auth));
+    let guard = Arc::new(HttpGuard {
+        edge,
+        auth: Arc::clone(&auth),
+        kernel: kernel.clone(),
+        rest_estop,
+    });
     Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(healthz))
-        .with_state(AppState {
-            kernel: kernel.clone(),
-            auth: Arc::clone(&auth),
-        })
-        .merge(crate::rest::router(kernel, auth))
+        .with_state(AppState { kernel, auth })
+        .merge(rest)
         .fallback(crate::rest::not_found)
         .method_not_allowed_fallback(crate::rest::method_not_allowed)
+        .layer(middleware::from_fn_with_state(guard, edge_guard))
 }
 
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -84,18 +94,21 @@ async fn healthz(State(state): State<AppState>) -> Response {
     )
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves, answering the `Host` names of the
+/// listener's address and `edge`'s, and the origins `edge` allows.
 ///
 /// # Errors
 /// The listener's I/O error.
 pub async fn serve(
     kernel: Kernel,
     auth: Authenticator,
+    edge: EdgeConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
-    axum::serve(listener.tap_io(crate::no_delay), router(kernel, auth))
+    let edge = Edge::new(listener.local_addr()?, &edge);
+    axum::serve(listener.tap_io(crate::no_delay), router(kernel, auth, edge))
         .with_graceful_shutdown(shutdown)
         .await
 }

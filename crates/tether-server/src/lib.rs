@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod edge;
 pub mod http;
 pub mod mcp;
 pub mod rest;

@@ -31,6 +31,7 @@ async fn serve(store: Arc<dyn Store>) -> SocketAddr {
     tokio::spawn(tether_server::http::serve(
         kernel,
         tether_server::auth::Authenticator::open(),
+        tether_server::edge::EdgeConfig::default(),
         listener,
         std::future::pending(),
     ));
@@ -41,7 +42,7 @@ async fn serve(store: Arc<dyn Store>) -> SocketAddr {
 async fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\
          content-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );

@@ -57,6 +57,7 @@ pub async fn serve(kernel: Kernel) -> SocketAddr {
     tokio::spawn(tether_server::http::serve(
         kernel,
         tether_server::auth::Authenticator::open(),
+        tether_server::edge::EdgeConfig::default(),
         listener,
         std::future::pending(),
     ));
@@ -67,6 +68,8 @@ pub async fn serve(kernel: Kernel) -> SocketAddr {
 pub struct Client {
     conn: BufReader<TcpStream>,
     next_id: u64,
+    /// The `Host` sent: the server's own address (the edge refuses others).
+    host: String,
 }
 
 impl Client {
@@ -76,6 +79,7 @@ impl Client {
         Client {
             conn: BufReader::new(s),
             next_id: 0,
+            host: addr.to_string(),
         }
     }
 
@@ -92,7 +96,7 @@ impl Client {
         // Head and body in one write, as real clients send a small request:
         // two writes on a no-delay socket make two segments and wake the
         // server twice for one request.
-        let mut wire = format!("{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+        let mut wire = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", self.host, body.len());
         wire.push_str(body);
         let w = self.conn.get_mut();
         w.write_all(wire.as_bytes()).await.expect("write");

@@ -4,7 +4,9 @@
 //! In front of the SDK sits one guard, run on every request before the SDK
 //! sees it: the bearer token is checked first (with principals configured a
 //! missing or wrong token is `401`, the e-stop included, and the body is
-//! never read); a POST body is read up to 1 MiB (`413` beyond) and parsed
+//! never read); then the edge (`crate::edge`, `super::edge`: a `Host` or
+//! `Origin` not served is `403`, a body not `application/json` `415`, an
+//! `estop` call among them still served); a POST body is read up to 1 MiB (`413` beyond) and parsed
 //! strictly (`400` with a JSON-RPC parse error on duplicate keys, nesting
 //! deeper than 64, non-finite numbers). A `tools/call` of the `estop` tool is
 //! served even when the SDK would not serve it: a defective one (bad JSON,
@@ -26,6 +28,7 @@
 use super::screen::{self, DefectiveEstop, Screened};
 use super::{Disconnect, TetherMcp};
 use crate::auth::Authenticator;
+use crate::edge::{Edge, EdgeConfig};
 use crate::rpc::error_response;
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{Request, State};
@@ -56,6 +59,7 @@ const SDK_ERROR_BYTES_MAX: usize = 64 * 1024;
 struct Guard {
     auth: Authenticator,
     kernel: Kernel,
+    edge: Edge,
     owners: std::sync::Mutex<SessionOwners>,
 }
 
@@ -121,26 +125,24 @@ fn foreign_session() -> Response {
     json_error(StatusCode::NOT_FOUND, &body)
 }
 
-/// The MCP router. `loopback` keeps the SDK's DNS-rebinding defence (only
-/// loopback `Host` headers); a public listener must be reached by its own
-/// name, so the check is off there and the bearer token is what protects it.
-/// `shutdown` ends every MCP session.
+/// The MCP router, behind the edge (`crate::edge`: the `Host` names and
+/// origins `edge` serves, JSON bodies only); the SDK's own DNS-rebinding
+/// check is given the same names. `shutdown` ends every MCP session.
 pub fn router(
     kernel: Kernel,
     auth: Authenticator,
-    loopback: bool,
+    edge: Edge,
     shutdown: CancellationToken,
 ) -> Router {
-    let mut config = StreamableHttpServerConfig::default()
+    let config = StreamableHttpServerConfig::default()
         .with_max_request_body_bytes(crate::REQUEST_BYTES_MAX)
         .with_cancellation_token(shutdown);
-    if !loopback {
-        config = config.disable_allowed_hosts();
-    }
+    let config = super::edge::sdk_config(config, &edge);
     let tools = super::catalogue(&kernel);
     let guard_state = Arc::new(Guard {
         auth,
         kernel: kernel.clone(),
+        edge,
         owners: std::sync::Mutex::new(SessionOwners::default()),
     });
     let service = StreamableHttpService::new(
@@ -160,18 +162,19 @@ pub fn router(
 pub async fn serve(
     kernel: Kernel,
     auth: Authenticator,
+    edge: EdgeConfig,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let loopback = listener.local_addr()?.ip().is_loopback();
-    let app = router(kernel, auth, loopback, shutdown.clone());
+    let edge = Edge::new(listener.local_addr()?, &edge);
+    let app = router(kernel, auth, edge, shutdown.clone());
     use axum::serve::ListenerExt;
     axum::serve(listener.tap_io(crate::no_delay), app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
 
-fn json_error(status: StatusCode, body: &Value) -> Response {
+pub(super) fn json_error(status: StatusCode, body: &Value) -> Response {
     let mut response = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -195,6 +198,13 @@ async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Res
             return json_error(StatusCode::UNAUTHORIZED, &body);
         }
     };
+    let checked = g
+        .edge
+        .check_head(request.uri(), request.headers())
+        .and_then(|()| crate::edge::check_content_type(request.headers()));
+    if let Err(refusal) = checked {
+        return super::edge::refused(&g.kernel, &principal, &refusal, request).await;
+    }
     let (mut request, watch) = if request.method() == Method::POST {
         match checked_body(&g.kernel, &principal, request).await {
             Ok(checked) => checked,

@@ -15,6 +15,7 @@
 //! when they expired, and closed when the connection ends, which cancels any
 //! operation still running.
 
+mod edge;
 pub mod http;
 mod render;
 mod screen;

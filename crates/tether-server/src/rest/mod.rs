@@ -21,6 +21,7 @@ mod gateway;
 mod invocations;
 
 use crate::auth::Authenticator;
+use crate::edge::EstopOutcome;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -31,7 +32,7 @@ use axum::Router;
 use envelope::{from_body, no_body, ok, read_json, Data, RestError};
 use gateway::{ControlBody, Gateway, InvokeBody};
 use invocations::Form;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::Arc;
 use tether_core::Code;
 use tether_kernel::{Kernel, Principal};
@@ -49,11 +50,18 @@ type Answer = Result<(StatusCode, Data), RestError>;
 
 /// The gateway's routes, to be merged into the HTTP router.
 pub fn router(kernel: Kernel, auth: Arc<Authenticator>) -> Router {
+    router_and_estop(kernel, auth).0
+}
+
+/// The gateway's routes, and the door through which the edge serves the
+/// `estop` tool of a request it refused (`crate::edge::guard`).
+pub(crate) fn router_and_estop(kernel: Kernel, auth: Arc<Authenticator>) -> (Router, EstopDoor) {
     let state = RestState {
         gw: Arc::new(Gateway::new(kernel)),
         auth,
     };
-    Router::new()
+    let door = EstopDoor(state.clone());
+    let router = Router::new()
         .route("/tools", get(list_tools))
         .route("/tools/{tool}", axum::routing::any(tool_segment))
         .route("/tools/{tool}/context", get(context))
@@ -61,7 +69,49 @@ pub fn router(kernel: Kernel, auth: Arc<Authenticator>) -> Router {
         .route("/invocations/{id}/result", get(result))
         .route("/invocations/{id}/{action}", axum::routing::post(control))
         .route("/openapi.json", get(openapi))
-        .with_state(state)
+        .with_state(state);
+    (router, door)
+}
+
+/// Serves the `estop` tool for a request the edge refused (its Host, Origin
+/// or content type) exactly as its route would: a body that cannot be used
+/// stops every device. Answers what became of the stop; the edge answers
+/// the refusal with it.
+#[derive(Clone)]
+pub(crate) struct EstopDoor(RestState);
+
+impl EstopDoor {
+    pub(crate) async fn serve(&self, p: &Principal, body: Body) -> EstopOutcome {
+        let answer = match self.0.gw.tool(crate::tools::ESTOP_TOOL) {
+            Ok(tool) => invoke_estop(&self.0, p, tool, body).await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok((_, data)) => {
+                let v = match data {
+                    Data::Value(v) => v,
+                    Data::Text(t) => serde_json::from_str(t.as_str()).unwrap_or_default(),
+                };
+                EstopOutcome {
+                    id: Value::Null,
+                    served: true,
+                    receipt: v.get("receipt").cloned(),
+                    error: None,
+                }
+            }
+            Err(e) => EstopOutcome {
+                id: Value::Null,
+                served: e.details["estop_served"] == true,
+                receipt: e.details.get("receipt").cloned(),
+                error: Some(json!({"code": e.code.as_str(), "message": e.message})),
+            },
+        }
+    }
+}
+
+/// A refusal of the edge in the envelope (403 or 415 by its code).
+pub(crate) fn refusal(code: Code, message: &str, details: Value) -> Response {
+    RestError::new(code, message, details).into_response()
 }
 
 fn respond(answer: Answer) -> Response {

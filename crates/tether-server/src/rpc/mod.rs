@@ -12,6 +12,7 @@
 //! | `params` | each method's params as strict types, and the kernel request they become |
 //! | `dispatch` | the router from method to group, one function per group |
 //! | `reply` | the responses: the shared error object, and results with spliced receipts |
+//! | `refused` | the e-stop in a request the edge refused, served by the same path |
 //!
 //! **Never belongs here:** framing or transport (`crate::http`,
 //! `crate::stdio`), and any rule about devices (the kernel).
@@ -20,8 +21,10 @@ mod dispatch;
 mod envelope;
 mod estop;
 mod params;
+mod refused;
 mod reply;
 
 pub use envelope::{handle_text, handle_value, too_large};
 pub(crate) use estop::estop_params_defect;
+pub(crate) use refused::refused_estop;
 pub use reply::{error_response, Reply};
