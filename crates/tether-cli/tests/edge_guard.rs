@@ -326,7 +326,13 @@ fn a_foreign_host_is_403_on_rpc_rest_and_healthz() {
         let headers = format!("Host: {name}\r\n{JSON}");
         let r = exchange(addr, "POST", "/rpc", &headers, SESSION_OPEN);
         rpc_refusal(&r, 403, "MHS.AUTH.ORIGIN_REFUSED", Some("host_not_served"));
-        for path in ["/tools", "/healthz", "/openapi.json", "/tools/estop"] {
+        for path in [
+            "/tools",
+            "/healthz",
+            "/openapi.json",
+            "/tools/estop",
+            "/nowhere",
+        ] {
             let r = exchange(addr, "GET", path, &headers, "");
             rest_refusal(&r, 403, "MHS.AUTH.ORIGIN_REFUSED", Some("host_not_served"));
             assert_no_cors(&r);

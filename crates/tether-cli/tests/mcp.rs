@@ -843,24 +843,28 @@ fn http_transport_refusals_are_json_rpc_errors() {
     let addr = s.addr;
     let auth = format!("Authorization: Bearer {AGENT_TOKEN}\r\n");
     let list = br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
-    let cases: Vec<(String, String)> = vec![
-        // Wrong content type.
+    // (method, headers, the code; `None`: the SDK's refusal, with its status).
+    let cases: Vec<(String, String, Option<&str>)> = vec![
+        // Wrong content type: refused at the edge (415), before the SDK.
         (
             "POST".into(),
             format!("Host: {addr}\r\n{auth}Content-Type: text/plain\r\nAccept: application/json, text/event-stream\r\n"),
+            Some("MHS.PROTOCOL.UNSUPPORTED_MEDIA_TYPE"),
         ),
         // No Accept for the event stream.
         (
             "POST".into(),
             format!("Host: {addr}\r\n{auth}Content-Type: application/json\r\n"),
+            None,
         ),
         // A GET without a session.
         (
             "GET".into(),
             format!("Host: {addr}\r\n{auth}Accept: text/event-stream\r\n"),
+            None,
         ),
     ];
-    for (method, headers) in cases {
+    for (method, headers, code) in cases {
         let body: &[u8] = if method == "GET" { b"" } else { list };
         let (status, head, text) = raw_mcp(addr, &method, &headers, body);
         assert!(
@@ -870,14 +874,17 @@ fn http_transport_refusals_are_json_rpc_errors() {
         assert!(head.contains("content-type: application/json"), "{head}");
         let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
         assert_eq!(answer["jsonrpc"], "2.0", "{text}");
-        assert_eq!(
-            answer["error"]["data"]["mhs_code"], "MHS.PROTOCOL.INVALID_REQUEST",
-            "{text}"
-        );
-        assert_eq!(
-            answer["error"]["data"]["details"]["http_status"], status,
-            "{text}"
-        );
+        let data = &answer["error"]["data"];
+        match code {
+            Some(code) => {
+                assert_eq!(status, 415, "{text}");
+                assert_eq!(data["mhs_code"], code, "{text}");
+            }
+            None => {
+                assert_eq!(data["mhs_code"], "MHS.PROTOCOL.INVALID_REQUEST", "{text}");
+                assert_eq!(data["details"]["http_status"], status, "{text}");
+            }
+        }
     }
 }
 

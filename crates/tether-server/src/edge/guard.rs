@@ -83,12 +83,16 @@ fn route_of(method: &Method, path: &str) -> Route {
         "/rpc" => Route::Rpc,
         "/healthz" | "/openapi.json" => Route::Open,
         _ => {
-            let estop = format!("{}:invoke", crate::tools::ESTOP_TOOL);
+            let names_estop =
+                |segment: &str| segment.strip_suffix(":invoke") == Some(crate::tools::ESTOP_TOOL);
             let is_estop = *method == Method::POST
-                && path
-                    .strip_prefix("/tools/")
-                    .and_then(percent_decoded)
-                    .is_some_and(|s| s == estop);
+                && path.strip_prefix("/tools/").is_some_and(|segment| {
+                    if segment.contains('%') {
+                        percent_decoded(segment).is_some_and(|s| names_estop(&s))
+                    } else {
+                        names_estop(segment)
+                    }
+                });
             if is_estop {
                 Route::RestEstop
             } else {

@@ -391,7 +391,7 @@ pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), Refusal> {
     if !essence.eq_ignore_ascii_case("application/json") {
         return Err(refusal(
             "content_type_not_json",
-            &format!("a `{essence}` body is not served"),
+            &format!("a body of type `{essence}` is not served"),
             value,
         ));
     }
