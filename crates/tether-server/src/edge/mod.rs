@@ -125,9 +125,13 @@ pub struct Edge {
 
 /// A request the edge refuses: 403 or 415, with a stable reason.
 #[derive(Clone, Debug)]
-pub(crate) struct Refusal {
+pub struct Refusal {
+    /// `MHS.AUTH.ORIGIN_REFUSED` or `MHS.PROTOCOL.UNSUPPORTED_MEDIA_TYPE`.
     pub code: Code,
+    /// `details.reason`: `host_not_served`, `origin_not_allowed`,
+    /// `content_type_missing`, `content_type_not_json` or `content_type_parameter`.
     pub reason: &'static str,
+    /// One line for people, saying what to change.
     pub message: String,
     /// The refused header and its value (cut), echoed in `details`.
     seen: Option<(&'static str, String)>,
@@ -284,7 +288,10 @@ impl Edge {
     /// Checks `Host` (exactly one, served; and the request target's
     /// authority when it has one) and `Origin` (when sent: exactly one,
     /// allowed).
-    pub(crate) fn check_head(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
+    ///
+    /// # Errors
+    /// The refusal (403 `host_not_served` or `origin_not_allowed`).
+    pub fn check_head(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
         let host_refusal = |why: &str, value: &str| {
             Refusal::new(
                 Code::AuthOriginRefused,
@@ -356,7 +363,11 @@ fn carries_body(headers: &HeaderMap) -> bool {
 /// `application/json` (the type and `charset` compared without regard to
 /// case): exactly one `Content-Type`, no parameter but `charset=utf-8`
 /// (quoted or not). A request without a body needs none.
-pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), Refusal> {
+///
+/// # Errors
+/// The refusal (415 `content_type_missing`, `content_type_not_json` or
+/// `content_type_parameter`).
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), Refusal> {
     if !carries_body(headers) {
         return Ok(());
     }
