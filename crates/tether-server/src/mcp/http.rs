@@ -6,9 +6,9 @@
 //! missing or wrong token is `401`, the e-stop included, and the body is
 //! never read); then the edge (`crate::edge`, `super::edge`: a `Host` or
 //! `Origin` not served is `403`, a body not `application/json` `415`, an
-//! `estop` call among them still served); a POST body is read up to 1 MiB (`413` beyond) and parsed
-//! strictly (`400` with a JSON-RPC parse error on duplicate keys, nesting
-//! deeper than 64, non-finite numbers). A `tools/call` of the `estop` tool is
+//! `estop` call among them still served); a POST body is read up to 1 MiB
+//! (`413` beyond) and parsed strictly (`400` with a JSON-RPC parse error on
+//! duplicate keys, nesting deeper than 64, non-finite numbers). A `tools/call` of the `estop` tool is
 //! served even when the SDK would not serve it: a defective one (bad JSON,
 //! envelope or params) is latched here and answered `400` with the protocol
 //! error and `details.estop_served: true`; a well-formed one the SDK refuses
