@@ -84,7 +84,8 @@ async fn healthz(State(state): State<AppState>) -> Response {
     )
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves, with the default edge (plain TCP, the
+/// default header-read timeout and connection bounds).
 ///
 /// # Errors
 /// The listener's I/O error.
@@ -94,8 +95,28 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    axum::serve(listener.tap_io(crate::no_delay), router(kernel, auth))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_on(
+        kernel,
+        auth,
+        listener,
+        crate::listener::Edge::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// Serves until `shutdown` resolves, meeting the network as `edge` says
+/// (TLS, header-read timeout, connection bounds; `crate::listener`).
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve_on(
+    kernel: Kernel,
+    auth: Authenticator,
+    listener: tokio::net::TcpListener,
+    edge: crate::listener::Edge,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(kernel, auth.clone());
+    crate::listener::serve(listener, app, auth, edge, shutdown).await
 }

@@ -153,7 +153,8 @@ pub fn router(
         .layer(middleware::from_fn_with_state(guard_state, guard))
 }
 
-/// Serves MCP until `shutdown` is cancelled.
+/// Serves MCP until `shutdown` is cancelled, meeting the network as `edge`
+/// says (TLS, header-read timeout, connection bounds; `crate::listener`).
 ///
 /// # Errors
 /// The listener's I/O error.
@@ -161,14 +162,15 @@ pub async fn serve(
     kernel: Kernel,
     auth: Authenticator,
     listener: tokio::net::TcpListener,
+    edge: crate::listener::Edge,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let loopback = listener.local_addr()?.ip().is_loopback();
-    let app = router(kernel, auth, loopback, shutdown.clone());
-    use axum::serve::ListenerExt;
-    axum::serve(listener.tap_io(crate::no_delay), app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let app = router(kernel, auth.clone(), loopback, shutdown.clone());
+    crate::listener::serve(listener, app, auth, edge, async move {
+        shutdown.cancelled().await;
+    })
+    .await
 }
 
 fn json_error(status: StatusCode, body: &Value) -> Response {
