@@ -702,6 +702,67 @@ fn a_request_in_flight_is_never_cut_at_the_bound_and_an_estop_still_gets_in() {
     assert!(latched(addr, "relay-1"));
 }
 
+/// A connection that sent a whole request head and part of its body.
+fn trickling(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.write_all(
+        b"POST /rpc HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"",
+    )
+    .expect("write a head and part of a body");
+    s
+}
+
+/// Everything the server sends on `s` until it closes it.
+fn read_until_closed(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(TIMEOUT)).expect("read timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if got.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return got
+            }
+            Err(e) => panic!("no close within {TIMEOUT:?}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn bodies_trickled_in_on_screened_connections_never_hold_the_room_kept_for_an_estop() {
+    // The one admitted connection holds a request in flight (its body
+    // trickles in); the screened pool (64) fills with more of the same.
+    let (dir, cfg) = with_config(
+        "[http]\nheader_read_timeout_ms = 120000\nconnections_max = 1\nconnections_per_peer_max = 1\n",
+    );
+    let s = start(
+        dir,
+        &args(&[&"--config", &cfg, &"--http", &"127.0.0.1:0"]),
+        &[],
+        None,
+    )
+    .listening();
+    let _held = trickling(s.addr);
+    let mut screened: Vec<TcpStream> = (0..64).map(|_| trickling(s.addr)).collect();
+    let r = http_post(s.addr, &estop_body("arm-1"), TIMEOUT);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["result"]["output"]["latched"],
+        true,
+        "{}",
+        r.text()
+    );
+    // Room was made by closing the oldest screened connection while its
+    // body was still being read: it never got an answer.
+    let got = read_until_closed(&mut screened[0]);
+    assert!(
+        got.is_empty(),
+        "the oldest screened connection was answered instead of shed: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
 #[test]
 fn flooded_past_the_open_files_limit_an_estop_is_still_answered() {
     // No [http] table: the default connection bound is lowered to fit the

@@ -366,39 +366,62 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Service {
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         let request = request.map(Body::new);
-        if !self.conn.begin() {
+        let surface = Arc::clone(&self.surface);
+        if self.screened {
+            // In flight only once it is known to be an e-stop: a screened
+            // connection reading another request's body may be shed.
+            let conn = Arc::clone(&self.conn);
+            return Box::pin(async move {
+                let (response, in_flight) = screen::serve(&surface, &conn, request).await;
+                Ok(tracked(response, in_flight))
+            });
+        }
+        let Some(in_flight) = InFlight::begin(&self.conn) else {
             // Shed a moment ago: the connection is closing and this request
             // never starts (the client sees the connection close).
             let path = request.uri().path().to_owned();
             return Box::pin(async move { Ok(screen::refusal(&path)) });
-        }
-        let in_flight = InFlight(Arc::clone(&self.conn));
-        let surface = Arc::clone(&self.surface);
-        let screened = self.screened;
+        };
         Box::pin(async move {
-            let app = surface.app.clone();
-            let response = if screened {
-                screen::serve(app, &surface.auth, request).await
-            } else {
-                use tower::ServiceExt;
-                match app.oneshot(request).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
-                }
-            };
-            Ok(response.map(|inner| {
-                Body::new(Tracked {
-                    inner,
-                    _in_flight: in_flight,
-                })
-            }))
+            let response = call(surface.app.clone(), request).await;
+            Ok(tracked(response, Some(in_flight)))
         })
+    }
+}
+
+/// Serves one request with the surface's router.
+async fn call(app: Router, request: axum::extract::Request) -> Response {
+    use tower::ServiceExt;
+    match app.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// The answer, keeping its request in flight until its body ends.
+fn tracked(response: Response, in_flight: Option<InFlight>) -> Response {
+    match in_flight {
+        None => response,
+        Some(in_flight) => response.map(|inner| {
+            Body::new(Tracked {
+                inner,
+                _in_flight: in_flight,
+            })
+        }),
     }
 }
 
 /// A request in flight; dropped when its answer's body ended (or was
 /// dropped, or never made).
 struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    /// Marks a request in flight on `conn`; `None` when the connection was
+    /// shed (the request must not start).
+    fn begin(conn: &Arc<ConnState>) -> Option<InFlight> {
+        conn.begin().then(|| InFlight(Arc::clone(conn)))
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {

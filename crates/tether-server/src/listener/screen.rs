@@ -7,35 +7,54 @@
 //!
 //! With principals configured a request without a valid token is handed to
 //! the surface unread, which refuses it `401` before any body is read (the
-//! e-stop included), as on any other connection.
+//! e-stop included), as on any other connection. Until a request is handed
+//! to the surface the connection is not in flight, so a screened slot is
+//! never held by a body trickled in slowly.
 //!
 //! **Never belongs here:** serving the e-stop (the surfaces do, unchanged),
 //! or parsing a request beyond recognising one.
 
-use crate::auth::Authenticator;
+use super::conns::ConnState;
+use super::{InFlight, Surface};
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::Response;
-use axum::Router;
 use http_body::Frame;
 use serde_json::{json, Value};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tether_core::catalogue;
 use tether_core::Code;
-use tower::ServiceExt;
 
 /// Seconds a refused client is told to wait (`Retry-After`).
 pub(super) const RETRY_AFTER_S: u64 = 1;
 
-/// Serves one request of a screened connection.
-pub(super) async fn serve(app: Router, auth: &Authenticator, request: Request) -> Response {
-    if auth.from_headers(request.headers()).is_err() {
+/// Serves one request of a screened connection; answers the response and,
+/// when the request was handed to the surface, its mark of being in flight.
+/// While the body is read the connection is not in flight, so it may be
+/// shed: only an e-stop (or a `401`) holds a screened slot.
+pub(super) async fn serve(
+    surface: &Surface,
+    conn: &Arc<ConnState>,
+    request: Request,
+) -> (Response, Option<InFlight>) {
+    let path = request.uri().path().to_owned();
+    let handed = |request: Request| async {
+        match InFlight::begin(conn) {
+            Some(in_flight) => (
+                super::call(surface.app.clone(), request).await,
+                Some(in_flight),
+            ),
+            None => (refusal(&path), None),
+        }
+    };
+    if surface.auth.from_headers(request.headers()).is_err() {
         // The surface answers 401 without reading the body.
-        return call(app, request).await;
+        return handed(request).await;
     }
-    let rest_estop = is_rest_estop(request.method(), request.uri().path());
+    let rest_estop = is_rest_estop(request.method(), &path);
     let (parts, body) = request.into_parts();
     // Read as the surfaces read (bounded size and time); a body that could
     // not be read is screened as empty.
@@ -44,28 +63,20 @@ pub(super) async fn serve(app: Router, auth: &Authenticator, request: Request) -
         crate::BodyBytes::TooLarge(b) => (b, false),
         crate::BodyBytes::Broken => (Vec::new(), true),
     };
-    let text = String::from_utf8_lossy(&prefix);
-    if rest_estop || names_estop(&text) {
-        let body = if complete {
-            Body::from(prefix)
-        } else {
-            // Over the size bound: the surface answers 413 and still serves
-            // the e-stop from this start.
-            Body::new(Oversized {
-                prefix: Some(Bytes::from(prefix)),
-                beyond: false,
-            })
-        };
-        return call(app, Request::from_parts(parts, body)).await;
+    if !(rest_estop || names_estop(&String::from_utf8_lossy(&prefix))) {
+        return (refusal(&path), None);
     }
-    refusal(parts.uri.path())
-}
-
-async fn call(app: Router, request: Request) -> Response {
-    match app.oneshot(request).await {
-        Ok(response) => response,
-        Err(never) => match never {},
-    }
+    let body = if complete {
+        Body::from(prefix)
+    } else {
+        // Over the size bound: the surface answers 413 and still serves
+        // the e-stop from this start.
+        Body::new(Oversized {
+            prefix: Some(Bytes::from(prefix)),
+            beyond: false,
+        })
+    };
+    handed(Request::from_parts(parts, body)).await
 }
 
 /// `POST /tools/{tool}:invoke` of an e-stop tool (the endpoint-wide
