@@ -230,6 +230,8 @@ pub async fn serve(
         warn_when_shedding(&surface.edge.table, &mut warned);
         tasks.spawn(connection(tcp, admitted, Arc::clone(&surface)));
     }
+    // New connections are refused from here on.
+    drop(listener);
     surface.closing.cancel();
     shutdown.abort();
     tasks.close();
@@ -270,8 +272,9 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 fn warn_when_shedding(table: &ConnTable, warned: &mut Option<(tokio::time::Instant, u64)>) {
     let now = tokio::time::Instant::now();
     let occupancy = table.occupancy();
-    let (at, seen) = warned.unwrap_or((now - SHED_WARNING_EVERY, 0));
-    if occupancy.shed_total > seen && now.duration_since(at) >= SHED_WARNING_EVERY {
+    let seen = warned.map_or(0, |(_, seen)| seen);
+    let due = warned.is_none_or(|(at, _)| now.duration_since(at) >= SHED_WARNING_EVERY);
+    if occupancy.shed_total > seen && due {
         let bounds = table.bounds();
         tracing::warn!(
             connections_max = bounds.connections_max,
