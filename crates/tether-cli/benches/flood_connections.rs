@@ -171,8 +171,9 @@ fn flood(
     })
 }
 
-/// One e-stop on a new connection: the time to its whole answer.
-fn estop(addr: SocketAddr) -> Duration {
+/// One e-stop on a new connection: the time to its whole answer, and
+/// whether its latch was durable within the stop path's bounded wait.
+fn estop(addr: SocketAddr) -> (Duration, bool) {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"mhs.safety.estop","params":{"device_id":"thermostat-1","reason":"flood bench"}}"#;
     let t0 = Instant::now();
     let mut s = TcpStream::connect_timeout(&addr, WAIT_MAX).expect("connect");
@@ -187,7 +188,7 @@ fn estop(addr: SocketAddr) -> Duration {
         text.starts_with("HTTP/1.1 200") && text.contains("\"latched\":true"),
         "the e-stop was not served: {text}"
     );
-    took
+    (took, text.contains("\"latch_durable\":true"))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -238,8 +239,11 @@ fn main() {
     let flood_before = made.load(Ordering::Relaxed);
     let t0 = Instant::now();
     let mut times = Vec::with_capacity(estops);
+    let mut not_durable = 0usize;
     while times.len() < estops && t0.elapsed() < MEASURE_MAX {
-        times.push(estop(addr));
+        let (took, durable) = estop(addr);
+        times.push(took);
+        not_durable += usize::from(!durable);
         std::thread::sleep(BETWEEN);
     }
     let flood_during = made.load(Ordering::Relaxed) - flood_before;
@@ -249,7 +253,7 @@ fn main() {
     }
     times.sort();
     println!(
-        "FIGURE flood_connections kind={kind} estops={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} flood_connections_opened_while_measuring={flood_during} seconds={:.1}",
+        "FIGURE flood_connections kind={kind} estops={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} flood_connections_opened_while_measuring={flood_during} latch_not_durable_in_time={not_durable} seconds={:.1}",
         times.len(),
         percentile(&times, 0.50),
         percentile(&times, 0.99),
