@@ -38,6 +38,11 @@ pub enum Command {
         /// Serve MCP over streamable HTTP at ADDR (path /mcp); port 0 picks a free port.
         #[arg(long, value_name = "ADDR", conflicts_with = "stdio")]
         mcp_http: Option<String>,
+        /// Serve a non-loopback --http/--mcp-http address without
+        /// [[principals]]: anyone who reaches it can command the devices.
+        /// Only for an isolated network; configure principals instead.
+        #[arg(long)]
+        insecure_no_auth: bool,
     },
     /// Serve MCP on standard input/output (what an MCP client launches).
     Mcp {

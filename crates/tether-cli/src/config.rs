@@ -38,13 +38,15 @@ pub struct EndpointConfig {
     /// disarmed, and an operator arms each device (`tether arm`).
     #[serde(default)]
     pub hardware_armed_at_start: Option<bool>,
-    /// The HTTP listeners (`[http]`).
+    /// The network listeners (`--http`, `--mcp-http`): Host and Origin,
+    /// TLS, the header-read timeout and the connection bounds.
     #[serde(default)]
     pub http: HttpConfig,
 }
 
-/// The `[http]` table: how the HTTP listeners (`--http`, `--mcp-http`) meet
-/// the network. Unknown keys are refused.
+/// The `[http]` table: how the network listeners (`--http`, `--mcp-http`)
+/// meet the network. Every key is optional; unknown keys are refused. The
+/// listener defaults are in `tether_server::listener`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
@@ -55,6 +57,19 @@ pub struct HttpConfig {
     /// Browser origins allowed to call, beyond the endpoint's own
     /// (`https://console.lab.example`). Default: none.
     pub allowed_origins: Vec<String>,
+    /// Certificate chain (PEM), relative to the config file; with `tls_key`,
+    /// every listener speaks TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `tls_cert`, relative to the config file.
+    pub tls_key: Option<PathBuf>,
+    /// How long a client may take to send a request's headers (and a TLS
+    /// handshake), and a keep-alive connection may idle, in ms (default 10000).
+    pub header_read_timeout_ms: Option<u64>,
+    /// Connections open at once, in total (default 1024).
+    pub connections_max: Option<usize>,
+    /// Connections open at once from one peer address (default 256, and at
+    /// most `connections_max`).
+    pub connections_per_peer_max: Option<usize>,
 }
 
 /// The edge's `[http]` keys, read (`tether_server::edge`).
@@ -293,6 +308,7 @@ fn read_listed_files(
             ));
         }
     }
+    defects.extend(http_defects(path, &config.http));
     for rel in &config.devices {
         if let Some((origin, text)) = read_relative(&base, rel, "device manifest", &mut defects) {
             manifests.push(ManifestSource { origin, text });
@@ -324,6 +340,54 @@ fn read_listed_files(
     } else {
         Err(defects)
     }
+}
+
+/// Largest `connections_max` the config accepts (the open-files limit is
+/// checked again when the endpoint starts).
+pub const CONNECTIONS_MAX_LIMIT: usize = 1 << 20;
+
+/// What is wrong with the `[http]` table: TLS files given both or neither,
+/// and each bound within its range.
+fn http_defects(path: &Path, http: &HttpConfig) -> Vec<Defect> {
+    use tether_server::listener::HEADER_READ_TIMEOUT_MS_MAX;
+    let mut defects = Vec::new();
+    if http.tls_cert.is_some() != http.tls_key.is_some() {
+        defects.push(defect(
+            path,
+            "[http] tls_cert and tls_key go together: give both (TLS) or neither (plain HTTP)"
+                .into(),
+        ));
+    }
+    if let Some(ms) = http.header_read_timeout_ms {
+        if !(1..=HEADER_READ_TIMEOUT_MS_MAX).contains(&ms) {
+            defects.push(defect(
+                path,
+                format!("[http] header_read_timeout_ms = {ms}: must be between 1 and {HEADER_READ_TIMEOUT_MS_MAX}"),
+            ));
+        }
+    }
+    if let Some(n) = http.connections_max {
+        if !(1..=CONNECTIONS_MAX_LIMIT).contains(&n) {
+            defects.push(defect(
+                path,
+                format!(
+                    "[http] connections_max = {n}: must be between 1 and {CONNECTIONS_MAX_LIMIT}"
+                ),
+            ));
+        }
+    }
+    if let Some(n) = http.connections_per_peer_max {
+        let max = http
+            .connections_max
+            .unwrap_or(tether_server::listener::CONNECTIONS_MAX_DEFAULT);
+        if !(1..=max).contains(&n) {
+            defects.push(defect(
+                path,
+                format!("[http] connections_per_peer_max = {n}: must be between 1 and connections_max ({max})"),
+            ));
+        }
+    }
+    defects
 }
 
 /// Reads `base/rel` as (path shown in messages, text); an unreadable file is

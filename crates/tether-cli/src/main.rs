@@ -15,6 +15,7 @@ mod check;
 mod cli;
 mod config;
 mod describe;
+mod edge;
 mod endpoint;
 mod rpc;
 mod safety;
@@ -72,6 +73,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             stdio,
             http,
             mcp_http,
+            insecure_no_auth,
         } => serve::serve(
             config,
             state_dir,
@@ -79,6 +81,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 stdio,
                 http,
                 mcp_http,
+                insecure_no_auth,
             },
         ),
         Command::Mcp {

@@ -3,6 +3,7 @@
 //! on Ctrl-C or SIGTERM (running operations cancelled, their receipts
 //! recorded, in-flight requests answered, each wait bounded).
 
+use crate::edge::{check_exposure, Listener};
 use crate::endpoint::{init_tracing, prepare, start, stdio_principal, Endpoint};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -18,13 +19,16 @@ pub struct Surfaces {
     pub http: Option<String>,
     /// MCP over streamable HTTP (`/mcp`).
     pub mcp_http: Option<String>,
+    /// Serve a non-loopback listener without principals anyway.
+    pub insecure_no_auth: bool,
 }
 
-/// Raises the soft limit on open files to the hard limit. Every HTTP client
-/// holds a descriptor; at the common soft limit of 1,024, that many stalled
-/// clients would leave no descriptor to accept the connection an e-stop
-/// arrives on. A limit that cannot be raised is left as it is.
-fn raise_open_files_limit() {
+/// Raises the soft limit on open files to the hard limit, and answers the
+/// limit in force (`None` when unknown). Every HTTP client holds a
+/// descriptor; the connection bounds (`[http] connections_max`) are kept
+/// under this limit so that stalled clients never use up the descriptors an
+/// e-stop needs. A limit that cannot be raised is left as it is.
+fn raise_open_files_limit() -> Option<u64> {
     #[cfg(unix)]
     // SAFETY: getrlimit/setrlimit on a local struct; no memory is shared.
     unsafe {
@@ -32,13 +36,25 @@ fn raise_open_files_limit() {
             rlim_cur: 0,
             rlim_max: 0,
         };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let wanted = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+                lim = wanted;
+            } else {
                 tracing::debug!("the open-files limit could not be raised");
             }
         }
+        #[allow(clippy::useless_conversion)] // rlim_t is not u64 everywhere
+        u64::try_from(lim.rlim_cur).ok()
     }
+    #[cfg(not(unix))]
+    None
 }
 
 /// `tether serve`: the built-in cell or the config's, on the chosen surfaces.
@@ -51,7 +67,7 @@ pub fn serve(
         bail!("choose a transport: --stdio, --http ADDR or --mcp-http ADDR (for example --http 127.0.0.1:7878)");
     }
     init_tracing();
-    raise_open_files_limit();
+    let open_files = raise_open_files_limit();
     let prepared = match prepare(config_path.as_deref()) {
         Ok(p) => p,
         Err(code) => return Ok(code),
@@ -59,13 +75,34 @@ pub fn serve(
     let origin = config_path
         .clone()
         .unwrap_or_else(|| PathBuf::from("(built-in)"));
-    let edge = match crate::config::edge(&prepared.0, &origin) {
+    let names = match crate::config::edge(&prepared.0, &origin) {
         Ok(e) => e,
         Err(defects) => {
             crate::check::print_defects(&defects);
             return Ok(ExitCode::from(2));
         }
     };
+    // TLS files, bounds and who may reach the listeners are checked before
+    // anything starts.
+    let settings = if surfaces.stdio {
+        tether_server::listener::Edge::default()
+    } else {
+        crate::edge::edge(&prepared.0, open_files)?
+    };
+    for (which, addr) in [
+        (Listener::Rpc, &surfaces.http),
+        (Listener::Mcp, &surfaces.mcp_http),
+    ] {
+        if let Some(addr) = addr {
+            check_exposure(
+                which,
+                addr,
+                prepared.2.required(),
+                surfaces.insecure_no_auth,
+                settings.is_tls(),
+            )?;
+        }
+    }
     let principal = if surfaces.stdio {
         match stdio_principal(&prepared.2, "TETHER_TOKEN") {
             Ok(p) => Some(p),
@@ -99,22 +136,25 @@ pub fn serve(
             .await?;
             return Ok(ExitCode::SUCCESS);
         }
-        serve_network(kernel, auth, &edge, &surfaces, *device_count, dir).await
+        serve_network(kernel, auth, (&names, &settings), &surfaces, *device_count, dir).await
     })
 }
 
-/// Binds `addr`, refusing a non-loopback MCP listener without principals:
-/// there the bearer token is the only thing between the network and the devices.
+/// Binds `addr`, checked again: a listener reachable from the network
+/// without principals is served only with `--insecure-no-auth` (the check
+/// before start-up resolved the same name; `edge::check_exposure`).
 async fn bind(
     addr: &str,
-    what: &str,
+    which: Listener,
     auth: &tether_server::auth::Authenticator,
+    surfaces: &Surfaces,
 ) -> anyhow::Result<tokio::net::TcpListener> {
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = tether_server::listener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    if what == "mcp" && !listener.local_addr()?.ip().is_loopback() && !auth.required() {
-        bail!("--mcp-http {addr} is not a loopback address: configure [[principals]] so that callers need a bearer token");
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() && !auth.required() && !surfaces.insecure_no_auth {
+        bail!("{} {addr} is bound to {local}, not a loopback address, and no [[principals]] are configured", which.flag());
     }
     Ok(listener)
 }
@@ -123,7 +163,7 @@ async fn bind(
 async fn serve_network(
     kernel: &Kernel,
     auth: &tether_server::auth::Authenticator,
-    edge: &EdgeConfig,
+    (names, settings): (&EdgeConfig, &tether_server::listener::Edge),
     surfaces: &Surfaces,
     device_count: usize,
     dir: &Path,
@@ -131,19 +171,21 @@ async fn serve_network(
     let shutdown = tokio_util::sync::CancellationToken::new();
     let mut servers = tokio::task::JoinSet::new();
     if let Some(addr) = &surfaces.http {
-        let listener = bind(addr, "rpc", auth).await?;
+        let listener = bind(addr, Listener::Rpc, auth, surfaces).await?;
         eprintln!(
-            "tether: listening on http://{}/rpc ({device_count} devices, state {})",
+            "tether: listening on {}://{}/rpc ({device_count} devices, state {})",
+            settings.scheme(),
             listener.local_addr()?,
             dir.display()
         );
-        say_served_names(&listener, edge)?;
+        say_served_names(&listener, names)?;
         let done = shutdown.clone();
-        let server = tether_server::http::serve(
+        let server = tether_server::http::serve_on(
             kernel.clone(),
             auth.clone(),
-            edge.clone(),
+            names.clone(),
             listener,
+            settings.clone(),
             async move {
                 done.cancelled().await;
             },
@@ -151,19 +193,21 @@ async fn serve_network(
         servers.spawn(server);
     }
     if let Some(addr) = &surfaces.mcp_http {
-        let listener = bind(addr, "mcp", auth).await?;
+        let listener = bind(addr, Listener::Mcp, auth, surfaces).await?;
         eprintln!(
-            "tether: MCP listening on http://{}{} ({device_count} devices, state {})",
+            "tether: MCP listening on {}://{}{} ({device_count} devices, state {})",
+            settings.scheme(),
             listener.local_addr()?,
             tether_server::mcp::http::MCP_PATH,
             dir.display()
         );
-        say_served_names(&listener, edge)?;
+        say_served_names(&listener, names)?;
         let server = tether_server::mcp::http::serve(
             kernel.clone(),
             auth.clone(),
-            edge.clone(),
+            names.clone(),
             listener,
+            settings.clone(),
             shutdown.clone(),
         );
         servers.spawn(server);

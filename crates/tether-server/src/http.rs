@@ -94,21 +94,38 @@ async fn healthz(State(state): State<AppState>) -> Response {
     )
 }
 
-/// Serves until `shutdown` resolves, answering the `Host` names of the
-/// listener's address and `edge`'s, and the origins `edge` allows.
+/// Serves until `shutdown` resolves with the default listener settings
+/// (plain TCP, the default header-read timeout and connection bounds),
+/// answering the `Host` names of the listener's address and `names`'s, and
+/// the origins `names` allows.
 ///
 /// # Errors
 /// The listener's I/O error.
 pub async fn serve(
     kernel: Kernel,
     auth: Authenticator,
-    edge: EdgeConfig,
+    names: EdgeConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let edge = Edge::new(listener.local_addr()?, &edge);
-    axum::serve(listener.tap_io(crate::no_delay), router(kernel, auth, edge))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let settings = crate::listener::Edge::default();
+    serve_on(kernel, auth, names, listener, settings, shutdown).await
+}
+
+/// [`serve`], meeting the network as `settings` says (TLS, header-read
+/// timeout, connection bounds; `crate::listener`).
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve_on(
+    kernel: Kernel,
+    auth: Authenticator,
+    names: EdgeConfig,
+    listener: tokio::net::TcpListener,
+    settings: crate::listener::Edge,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let edge = Edge::new(listener.local_addr()?, &names);
+    let app = router(kernel, auth.clone(), edge);
+    crate::listener::serve(listener, app, auth, settings, shutdown).await
 }

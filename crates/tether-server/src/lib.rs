@@ -1,7 +1,8 @@
 //! # tether-server — the surfaces
 //!
-//! Owns the wire: JSON-RPC 2.0 framing over HTTP (`POST /rpc`) and stdio (one
-//! JSON value per line), MCP (the `rmcp` SDK) over stdio and streamable HTTP, the REST tool gateway
+//! Owns the wire: the network listeners (`listener`: TLS, header-read
+//! timeout, connection bounds), JSON-RPC 2.0 framing over HTTP (`POST /rpc`)
+//! and stdio (one JSON value per line), MCP (the `rmcp` SDK) over stdio and streamable HTTP, the REST tool gateway
 //! (`rest`), strict parsing of untrusted input, size limits, and the mapping of kernel answers to protocol
 //! answers. It decides nothing: every
 //! request that reaches a device goes through `tether_kernel::Kernel`.
@@ -9,13 +10,14 @@
 //! **Never belongs here:** limits, latches, grants, receipts (the kernel),
 //! SQL (the store), device protocols (drivers).
 //!
-//! **Depends on:** tether-core, tether-kernel, axum, tokio, rmcp, serde_json (the store only
+//! **Depends on:** tether-core, tether-kernel, axum, hyper, tokio, rustls, rmcp, serde_json (the store only
 //! through the kernel). **Depended on by:** tether-cli.
 #![deny(missing_docs)]
 
 pub mod auth;
 pub mod edge;
 pub mod http;
+pub mod listener;
 pub mod mcp;
 pub mod rest;
 pub mod rpc;

@@ -155,23 +155,26 @@ pub fn router(
         .layer(middleware::from_fn_with_state(guard_state, guard))
 }
 
-/// Serves MCP until `shutdown` is cancelled.
+/// Serves MCP until `shutdown` is cancelled, answering the `Host` names and
+/// origins `names` allows, and meeting the network as `settings` says (TLS,
+/// header-read timeout, connection bounds; `crate::listener`).
 ///
 /// # Errors
 /// The listener's I/O error.
 pub async fn serve(
     kernel: Kernel,
     auth: Authenticator,
-    edge: EdgeConfig,
+    names: EdgeConfig,
     listener: tokio::net::TcpListener,
+    settings: crate::listener::Edge,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let edge = Edge::new(listener.local_addr()?, &edge);
-    let app = router(kernel, auth, edge, shutdown.clone());
-    use axum::serve::ListenerExt;
-    axum::serve(listener.tap_io(crate::no_delay), app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let edge = Edge::new(listener.local_addr()?, &names);
+    let app = router(kernel, auth.clone(), edge, shutdown.clone());
+    crate::listener::serve(listener, app, auth, settings, async move {
+        shutdown.cancelled().await;
+    })
+    .await
 }
 
 pub(super) fn json_error(status: StatusCode, body: &Value) -> Response {

@@ -20,6 +20,10 @@ mod envelope;
 mod gateway;
 mod invocations;
 
+/// The REST error envelope, for answers made before a route is reached
+/// (`crate::listener`'s connection-limit refusal).
+pub(crate) use envelope::error_body;
+
 use crate::auth::Authenticator;
 use crate::edge::EstopOutcome;
 use axum::body::Body;
