@@ -136,7 +136,15 @@ pub fn serve(
             .await?;
             return Ok(ExitCode::SUCCESS);
         }
-        serve_network(kernel, auth, (&names, &settings), &surfaces, *device_count, dir).await
+        serve_network(
+            kernel,
+            auth,
+            (&names, &settings),
+            &surfaces,
+            *device_count,
+            dir,
+        )
+        .await
     })
 }
 
