@@ -38,6 +38,24 @@ pub struct EndpointConfig {
     /// disarmed, and an operator arms each device (`tether arm`).
     #[serde(default)]
     pub hardware_armed_at_start: Option<bool>,
+    /// The HTTP surfaces' settings (`[http]`).
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// The bounds per caller the kernel keeps (`[limits]`, `bounds.rs`).
+    #[serde(default)]
+    pub limits: crate::bounds::LimitsConfig,
+}
+
+/// The `[http]` table: settings of the HTTP surfaces (`/rpc`, REST, `/mcp`).
+/// Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// MCP HTTP sessions on the endpoint, at most (default 512).
+    pub mcp_sessions_max: Option<usize>,
+    /// MCP HTTP sessions of one principal, at most (default 32; at most half
+    /// of `mcp_sessions_max`).
+    pub mcp_sessions_per_principal_max: Option<usize>,
 }
 
 /// A `[[principals]]` table.
@@ -242,6 +260,9 @@ fn read_listed_files(
                 ),
             ));
         }
+    }
+    for message in crate::bounds::defects(&config) {
+        defects.push(defect(path, message));
     }
     for rel in &config.devices {
         if let Some((origin, text)) = read_relative(&base, rel, "device manifest", &mut defects) {

@@ -70,6 +70,7 @@ pub fn serve(
         dir,
         device_count,
         runtime,
+        mcp_sessions,
         ..
     } = &endpoint;
     runtime.block_on(async {
@@ -88,7 +89,7 @@ pub fn serve(
             .await?;
             return Ok(ExitCode::SUCCESS);
         }
-        serve_network(kernel, auth, &surfaces, *device_count, dir).await
+        serve_network(kernel, auth, &surfaces, (*device_count, *mcp_sessions), dir).await
     })
 }
 
@@ -113,7 +114,7 @@ async fn serve_network(
     kernel: &Kernel,
     auth: &tether_server::auth::Authenticator,
     surfaces: &Surfaces,
-    device_count: usize,
+    (device_count, mcp_sessions): (usize, tether_server::mcp::http::SessionBounds),
     dir: &Path,
 ) -> anyhow::Result<ExitCode> {
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -144,6 +145,7 @@ async fn serve_network(
             kernel.clone(),
             auth.clone(),
             listener,
+            mcp_sessions,
             shutdown.clone(),
         );
         servers.spawn(server);
