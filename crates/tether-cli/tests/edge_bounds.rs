@@ -274,6 +274,27 @@ fn one_agents_holds_stop_at_its_bound_while_an_operator_and_other_callers_still_
         assert_limit(&r, "approvals_open_per_principal_full", 3);
     }
 
+    // Through the REST gateway the same refusal is HTTP 429 with Retry-After.
+    let r = http_request(
+        s.addr(),
+        "POST",
+        "/tools/thermostat-1__setpoint:invoke",
+        json!({"input": {"target_temperature": 70.0}, "command_id": "flood-rest"})
+            .to_string()
+            .as_bytes(),
+        TIMEOUT,
+        &format!("Authorization: Bearer {AGENT}\r\n"),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(
+        r.head.to_ascii_lowercase().contains("retry-after:"),
+        "{}",
+        r.head
+    );
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "MHS.PROTOCOL.LIMIT", "{body}");
+    assert_eq!(body["error"]["retryable"], true, "{body}");
+
     // An operator's hold still gets its approval, and so does another agent's.
     let alice_sid = session(&s, ALICE);
     let alice_approval = held(&hot_setpoint(&s, ALICE, &alice_sid, "operator-move"));

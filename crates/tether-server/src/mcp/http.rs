@@ -21,7 +21,11 @@
 //! Both protocol generations are served: 2025-11-25 clients initialize and
 //! get an `Mcp-Session-Id` (one handler, and so one set of kernel sessions,
 //! per MCP session); 2026-07-28 clients send `server/discover` and
-//! self-contained requests, each served by a fresh handler.
+//! self-contained requests, each served by a fresh handler. An `initialize`
+//! takes a slot of its principal before the SDK makes a session
+//! (`sessions.rs`): past the principal's or the endpoint's bound it is `429`
+//! with `Retry-After` and `MHS.PROTOCOL.LIMIT`, and no live session is ever
+//! evicted to make room.
 
 use super::screen::{self, DefectiveEstop, Screened};
 use super::sessions::{BoundedSessions, Full, Owners, Slot};
