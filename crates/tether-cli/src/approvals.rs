@@ -5,16 +5,21 @@ use crate::cli::ApprovalAction;
 use crate::rpc;
 use std::process::ExitCode;
 
+/// Approvals asked for per page: the largest page.
+const LIST_PAGE: usize = tether_kernel::bounds::APPROVALS_PAGE_MAX;
+/// Pages `tether approvals list` reads at most: every approval the endpoint
+/// can hold (open ones, and as many denials).
+const LIST_PAGES_MAX: usize = 2 * tether_kernel::bounds::APPROVALS_OPEN_LIMIT / LIST_PAGE + 1;
+const _: () =
+    assert!(LIST_PAGES_MAX * LIST_PAGE >= 2 * tether_kernel::bounds::APPROVALS_OPEN_LIMIT);
+
 /// `tether approvals ...`: JSON-RPC calls to a running endpoint.
 pub fn approvals(action: ApprovalAction, endpoint: &str) -> anyhow::Result<ExitCode> {
+    let token = rpc::operator_token();
+    if let ApprovalAction::List { status } = &action {
+        return list(endpoint, status.as_deref(), token.as_deref());
+    }
     let (method, params) = match &action {
-        ApprovalAction::List { status } => (
-            "mhs.approvals.list",
-            match status {
-                Some(s) => serde_json::json!({"status": s}),
-                None => serde_json::json!({}),
-            },
-        ),
         ApprovalAction::Get { id } => ("mhs.approvals.get", serde_json::json!({"approval_id": id})),
         ApprovalAction::Approve { id, reason } => (
             "mhs.approvals.decide",
@@ -24,32 +29,74 @@ pub fn approvals(action: ApprovalAction, endpoint: &str) -> anyhow::Result<ExitC
             "mhs.approvals.decide",
             serde_json::json!({"approval_id": id, "decision": "deny", "reason": reason}),
         ),
+        ApprovalAction::List { .. } => return Ok(ExitCode::from(2)),
     };
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let token = rpc::operator_token();
     let v = rpc::call(endpoint, &body, token.as_deref())?;
-    if let Some(e) = v.get("error") {
-        eprintln!(
-            "tether: {} ({})",
-            e["message"].as_str().unwrap_or("refused"),
-            e["data"]["mhs_code"].as_str().unwrap_or("?")
-        );
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::from(1));
+    if let Some(code) = refused(&v)? {
+        return Ok(code);
     }
-    let result = &v["result"];
-    if let ApprovalAction::List { .. } = action {
-        print_approval_table(result);
-    } else {
-        println!("{}", serde_json::to_string_pretty(result)?);
+    println!("{}", serde_json::to_string_pretty(&v["result"])?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a refusal and answers exit 1, or `None` when `v` is a result.
+fn refused(v: &serde_json::Value) -> anyhow::Result<Option<ExitCode>> {
+    let Some(e) = v.get("error") else {
+        return Ok(None);
+    };
+    eprintln!(
+        "tether: {} ({})",
+        e["message"].as_str().unwrap_or("refused"),
+        e["data"]["mhs_code"].as_str().unwrap_or("?")
+    );
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(Some(ExitCode::from(1)))
+}
+
+/// `tether approvals list`: every page of `mhs.approvals.list` (each
+/// `next_cursor` followed, at most [`LIST_PAGES_MAX`] pages), one line per
+/// approval.
+fn list(endpoint: &str, status: Option<&str>, token: Option<&str>) -> anyhow::Result<ExitCode> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..LIST_PAGES_MAX {
+        let mut params = serde_json::json!({"limit": LIST_PAGE});
+        if let Some(s) = status {
+            params["status"] = serde_json::json!(s);
+        }
+        if let Some(c) = &cursor {
+            params["cursor"] = serde_json::json!(c);
+        }
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.approvals.list", "params": params});
+        let v = rpc::call(endpoint, &body, token)?;
+        if let Some(code) = refused(&v)? {
+            return Ok(code);
+        }
+        all.extend(
+            v["result"]["approvals"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        match v["result"]["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => {
+                cursor = None;
+                break;
+            }
+        }
+    }
+    print_approval_table(&all);
+    if cursor.is_some() {
+        eprintln!("tether: more approvals than {LIST_PAGES_MAX} pages; narrow with --status");
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// One line per approval: id, status, device/capability, votes, requester,
 /// reason.
-fn print_approval_table(result: &serde_json::Value) {
-    let list = result["approvals"].as_array().cloned().unwrap_or_default();
+fn print_approval_table(list: &[serde_json::Value]) {
     if list.is_empty() {
         println!("no approvals");
         return;

@@ -39,9 +39,13 @@ pub struct EndpointConfig {
     #[serde(default)]
     pub hardware_armed_at_start: Option<bool>,
     /// The network listeners (`--http`, `--mcp-http`): Host and Origin,
-    /// TLS, the header-read timeout and the connection bounds.
+    /// TLS, the header-read timeout, the connection bounds and the MCP
+    /// session bounds (`[http]`).
     #[serde(default)]
     pub http: HttpConfig,
+    /// The bounds per caller the kernel keeps (`[limits]`, `bounds.rs`).
+    #[serde(default)]
+    pub limits: crate::bounds::LimitsConfig,
 }
 
 /// The `[http]` table: how the network listeners (`--http`, `--mcp-http`)
@@ -70,6 +74,11 @@ pub struct HttpConfig {
     /// Connections open at once from one peer address (default 256, and at
     /// most `connections_max`).
     pub connections_per_peer_max: Option<usize>,
+    /// MCP HTTP sessions on the endpoint, at most (default 512).
+    pub mcp_sessions_max: Option<usize>,
+    /// MCP HTTP sessions of one principal, at most (default 32; at most half
+    /// of `mcp_sessions_max`).
+    pub mcp_sessions_per_principal_max: Option<usize>,
 }
 
 /// The edge's `[http]` keys, read (`tether_server::edge`).
@@ -309,6 +318,9 @@ fn read_listed_files(
         }
     }
     defects.extend(http_defects(path, &config.http));
+    for message in crate::bounds::defects(&config) {
+        defects.push(defect(path, message));
+    }
     for rel in &config.devices {
         if let Some((origin, text)) = read_relative(&base, rel, "device manifest", &mut defects) {
             manifests.push(ManifestSource { origin, text });

@@ -24,6 +24,8 @@ pub struct Endpoint {
     pub auth: tether_server::auth::Authenticator,
     pub dir: PathBuf,
     pub device_count: usize,
+    /// The MCP HTTP session bounds (`[http]`).
+    pub mcp_sessions: tether_server::mcp::http::SessionBounds,
     _watcher: tether_kernel::governed::StopWatcher,
     _reaper: tokio::task::JoinHandle<()>,
     pub runtime: tokio::runtime::Runtime,
@@ -88,6 +90,8 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
     let device_count = cell.devices.len();
     let mut kernel_config = KernelConfig::standard(&endpoint_id);
     kernel_config.policy = loaded.policy.clone();
+    loaded.config.limits.apply(&mut kernel_config);
+    let mcp_sessions = crate::bounds::mcp_sessions(&loaded.config.http);
     if let Some(armed) = loaded.config.hardware_armed_at_start {
         kernel_config.hardware_armed_at_start = armed;
     }
@@ -122,6 +126,7 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         auth,
         dir,
         device_count,
+        mcp_sessions,
         _watcher: watcher,
         _reaper: reaper,
         runtime,

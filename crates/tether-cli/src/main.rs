@@ -11,6 +11,7 @@
 
 mod approvals;
 mod audit;
+mod bounds;
 mod check;
 mod cli;
 mod config;

@@ -118,6 +118,7 @@ pub fn serve(
         dir,
         device_count,
         runtime,
+        mcp_sessions,
         ..
     } = &endpoint;
     runtime.block_on(async {
@@ -141,7 +142,7 @@ pub fn serve(
             auth,
             (&names, &settings),
             &surfaces,
-            *device_count,
+            (*device_count, *mcp_sessions),
             dir,
         )
         .await
@@ -173,7 +174,7 @@ async fn serve_network(
     auth: &tether_server::auth::Authenticator,
     (names, settings): (&EdgeConfig, &tether_server::listener::Edge),
     surfaces: &Surfaces,
-    device_count: usize,
+    (device_count, mcp_sessions): (usize, tether_server::mcp::http::SessionBounds),
     dir: &Path,
 ) -> anyhow::Result<ExitCode> {
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -216,6 +217,7 @@ async fn serve_network(
             names.clone(),
             listener,
             settings.clone(),
+            mcp_sessions,
             shutdown.clone(),
         );
         servers.spawn(server);

@@ -97,7 +97,10 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if out.contains_key(&key) {
-                return Err(de::Error::custom(format!("duplicate key `{key}`")));
+                return Err(de::Error::custom(format!(
+                    "duplicate key `{}`",
+                    crate::echo::id(&key)
+                )));
             }
             let v = map.next_value_seed(StrictSeed { depth })?;
             out.insert(key, v);

@@ -5,7 +5,8 @@
 //! manifest shapes ([`manifest`]), the capability catalogue shipped as data
 //! ([`catalogue`]), receipts ([`receipt`]) and strict JSON parsing for untrusted
 //! input ([`json`]), and canonical JSON (RFC 8785) with its SHA-256 digests
-//! ([`canonical`]): the form evidence is hashed in.
+//! ([`canonical`]): the form evidence is hashed in; and how much of a
+//! caller's id an error may repeat ([`echo`]).
 //!
 //! **Never belongs here:** I/O, clocks other than the wall clock used to stamp
 //! receipts, decisions, limits evaluation (that is `tether-limits`), storage
@@ -20,6 +21,7 @@
 pub mod canonical;
 pub mod catalogue;
 pub mod codes;
+pub mod echo;
 pub mod ids;
 pub mod json;
 pub mod manifest;

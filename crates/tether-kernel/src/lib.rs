@@ -37,6 +37,7 @@
 
 mod admit;
 mod approvals;
+pub mod bounds;
 mod check;
 mod clock;
 mod dispatch;

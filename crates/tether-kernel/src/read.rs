@@ -17,6 +17,17 @@ use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal};
 use tether_store::{canonical, Commit, EventDraft};
 
+/// `MHS.RESOURCE.UNKNOWN`, naming the caller's resource as an error may
+/// echo it, and the device's resources.
+fn unknown_resource(dev: &crate::kernel::DeviceRt, resource: &str) -> ApiError {
+    let shown = tether_core::echo::id(resource);
+    ApiError::new(
+        Code::ResourceUnknown,
+        format!("device `{}` has no resource `{shown}`", dev.id()),
+        json!({"resource": shown, "resources": dev.spec.manifest.resources.iter().map(|r| r.id.clone()).collect::<Vec<_>>()}),
+    )
+}
+
 impl Kernel {
     /// `mhs.resource.read`: `{revision, state, state_hash, sampled_at}`.
     ///
@@ -34,14 +45,7 @@ impl Kernel {
             .iter()
             .any(|r| r.id == req.resource)
         {
-            return Err(ApiError::new(
-                Code::ResourceUnknown,
-                format!(
-                    "device `{}` has no resource `{}`",
-                    req.device_id, req.resource
-                ),
-                json!({"resource": req.resource, "resources": dev.spec.manifest.resources.iter().map(|r| r.id.clone()).collect::<Vec<_>>()}),
-            ));
+            return Err(unknown_resource(dev, &req.resource));
         }
         let sid = self.check_grant(
             p,

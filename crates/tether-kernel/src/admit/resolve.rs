@@ -17,8 +17,8 @@ use crate::order::Ctx;
 use crate::{ApiError, CommandRequest};
 use serde_json::json;
 use tether_core::catalogue::{self};
-use tether_core::Code;
 use tether_core::Refusal;
+use tether_core::{echo, Code};
 
 pub(crate) enum Resolve {
     Found(usize),
@@ -80,15 +80,19 @@ impl Kernel {
         if !dev.spec.manifest.resources.iter().any(|r| r.id == resource) {
             return Err(ApiError::new(
                 Code::ResourceUnknown,
-                format!("device `{}` has no resource `{resource}`", req.device_id),
-                json!({"resource": resource}),
+                format!(
+                    "device `{}` has no resource `{}`",
+                    dev.id(),
+                    echo::id(&resource)
+                ),
+                json!({"resource": echo::id(&resource)}),
             ));
         }
         if !req.capability_id.is_empty() && req.capability_id != catalogue::CONFIGURE {
             return Err(ApiError::new(
                 Code::ResourceNotWritable,
                 "mhs.resource.write always uses cap.device.configure.v1",
-                json!({"reason": "write_class_not_configure", "capability_id": req.capability_id}),
+                json!({"reason": "write_class_not_configure", "capability_id": echo::id(&req.capability_id)}),
             ));
         }
         let bound = dev
@@ -99,8 +103,11 @@ impl Kernel {
         if !bound {
             return Err(ApiError::new(
                 Code::ResourceNotWritable,
-                format!("resource `{resource}` has no cap.device.configure.v1 binding"),
-                json!({"reason": "configure_unbound", "resource": resource}),
+                format!(
+                    "resource `{}` has no cap.device.configure.v1 binding",
+                    echo::id(&resource)
+                ),
+                json!({"reason": "configure_unbound", "resource": echo::id(&resource)}),
             ));
         }
         req.capability_id = catalogue::CONFIGURE.to_owned();
@@ -126,16 +133,17 @@ impl Kernel {
                 Code::CapabilityUnknown,
                 format!(
                     "`{}` is not bound on device `{}`",
-                    req.capability_id, req.device_id
+                    echo::id(&req.capability_id),
+                    dev.id()
                 ),
-                json!({"capability_id": req.capability_id, "bound": dev.spec.bindings.iter().map(|b| b.capability_id.clone()).collect::<Vec<_>>()}),
+                json!({"capability_id": echo::id(&req.capability_id), "bound": dev.spec.bindings.iter().map(|b| b.capability_id.clone()).collect::<Vec<_>>()}),
             ))),
             Resolve::NotBound(bound) => Ok(Err(Refusal::new(
                 Code::CapabilityNotBound,
                 format!(
                     "`{}` is not bound to resource `{}`",
-                    req.capability_id,
-                    req.resource.clone().unwrap_or_default()
+                    echo::id(&req.capability_id),
+                    echo::id(req.resource.as_deref().unwrap_or_default())
                 ),
                 json!({"bound_resources": bound}),
             ))),
@@ -143,7 +151,7 @@ impl Kernel {
                 Code::ProtocolInvalidParams,
                 format!(
                     "`{}` is bound to several resources; name one",
-                    req.capability_id
+                    echo::id(&req.capability_id)
                 ),
                 json!({"reason": "resource_required", "resources": resources}),
             )),
@@ -172,8 +180,16 @@ impl Kernel {
                 (arrival.t0, arrival.accepted_at_ms),
             )
         };
-        self.reject(&ctx, &req.capability_id, req.resource.as_deref(), refusal)
-            .await
-            .into()
+        // The receipt names what was asked as an error would echo it: a
+        // name no binding has is the caller's text, of any length.
+        let resource = req.resource.as_deref().map(echo::id);
+        self.reject(
+            &ctx,
+            &echo::id(&req.capability_id),
+            resource.as_deref(),
+            refusal,
+        )
+        .await
+        .into()
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tether_core::catalogue::{self};
 use tether_core::ids::{self};
 use tether_core::receipt::now_ms;
-use tether_core::Code;
+use tether_core::{echo, Code};
 use tether_store::{Commit, EventDraft};
 
 /// Longest session lifetime a client may ask for, ms.
@@ -27,13 +27,16 @@ pub(crate) fn session_error(fault: SessionFault, sid: &str) -> ApiError {
     match fault {
         SessionFault::Unknown => ApiError::new(
             Code::SessionUnknown,
-            format!("no live session `{sid}` for this caller; open one with mhs.session.open"),
-            json!({"session_id": sid}),
+            format!(
+                "no live session `{}` for this caller; open one with mhs.session.open",
+                echo::id(sid)
+            ),
+            json!({"session_id": echo::id(sid)}),
         ),
         SessionFault::Expired => ApiError::new(
             Code::SessionExpired,
-            format!("session `{sid}` expired or was closed"),
-            json!({"session_id": sid}),
+            format!("session `{}` expired or was closed", echo::id(sid)),
+            json!({"session_id": echo::id(sid)}),
         ),
         SessionFault::Full => ApiError::new(
             Code::SessionLimit,
@@ -154,8 +157,12 @@ impl Kernel {
                 if !found {
                     return Err(ApiError::new(
                         Code::CapabilityNotBound,
-                        format!("`{capability_id}` is not bound to resource `{resource}` on the requested devices"),
-                        json!({"capability_id": capability_id, "resource": resource}),
+                        format!(
+                            "`{}` is not bound to resource `{}` on the requested devices",
+                            echo::id(capability_id),
+                            echo::id(resource)
+                        ),
+                        json!({"capability_id": echo::id(capability_id), "resource": echo::id(resource)}),
                     ));
                 }
             }

@@ -10,13 +10,16 @@
 //! an approval (`check/policy.rs`).
 //! **Fail-closed rule:** only an approved, unused, unreserved approval whose
 //! quorum is still the policy's covers a command; a table that cannot be
-//! locked refuses; a full table refuses new holds; a new approval that
+//! locked refuses; a principal at its bound of open approvals, or an
+//! endpoint at its own, refuses new holds (`MHS.PROTOCOL.LIMIT`); a new
+//! approval that
 //! cannot be made durable is forgotten and the hold refused as
 //! `EVIDENCE.UNAVAILABLE`.
 
 use crate::approvals::{
     prune_closed, request_key, split_key, Approval, Approvals, Status, APPROVALS_MAX,
 };
+use crate::bounds::limit_refusal;
 use crate::kernel::{Kernel, Principal};
 use serde_json::{json, Value};
 use tether_core::ids;
@@ -213,24 +216,61 @@ impl Kernel {
         if !create {
             return Gate::Refused { refusal, new: None };
         }
-        if t.by_id.len() >= APPROVALS_MAX {
-            prune_closed(t, now);
-            if t.by_id.len() >= APPROVALS_MAX {
-                return Gate::Refused {
-                    refusal: Refusal::new(
-                        Code::ProtocolInternal,
-                        "too many approvals are open; decide some first",
-                        json!({"reason": "approvals_full", "limit": APPROVALS_MAX}),
-                    ),
-                    new: None,
-                };
-            }
+        if let Some(refusal) = self.approvals_bound(t, &need.requester.id, now) {
+            return Gate::Refused { refusal, new: None };
         }
         t.insert(draft);
         Gate::Refused {
             refusal,
             new: Some(id),
         }
+    }
+
+    /// Why a new approval of `requester` may not be opened now, if it may
+    /// not: the requester already holds its bound of open approvals, the
+    /// endpoint holds its bound, or the table (denials included) is full.
+    /// Closed approvals are pruned first when the table is large enough for
+    /// a bound to be near.
+    fn approvals_bound(&self, t: &mut Approvals, requester: &str, now: u64) -> Option<Refusal> {
+        let config = &self.inner.config;
+        let per = config.approvals_open_per_principal_max;
+        if t.by_id.len() < per {
+            return None;
+        }
+        prune_closed(t, now);
+        let (mut total, mut mine) = (0usize, 0usize);
+        for a in t.by_id.values() {
+            if matches!(a.status_at(now), Status::Pending | Status::Approved) {
+                total += 1;
+                if a.requester_id == requester {
+                    mine += 1;
+                }
+            }
+        }
+        if mine >= per {
+            return Some(limit_refusal(
+                "this principal already holds its bound of open approvals",
+                "approvals_open_per_principal_full",
+                Some("limits.approvals_open_per_principal_max"),
+                per,
+            ));
+        }
+        if total >= config.approvals_open_max {
+            return Some(limit_refusal(
+                "the endpoint holds its bound of open approvals",
+                "approvals_open_full",
+                Some("limits.approvals_open_max"),
+                config.approvals_open_max,
+            ));
+        }
+        (t.by_id.len() >= APPROVALS_MAX).then(|| {
+            limit_refusal(
+                "the approval table is full (denials are kept)",
+                "approvals_full",
+                None,
+                APPROVALS_MAX,
+            )
+        })
     }
 
     /// Makes a new approval durable before its hold is answered. On failure

@@ -35,8 +35,12 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use tether_store::ApprovalRow;
 
-/// Most approvals kept (pending or decided); beyond it new holds are refused.
+/// Most approvals kept in memory (open, and denials, which are final); beyond
+/// it new holds are refused. The open ones are bounded by the config
+/// (`limits.approvals_open_max`, at most [`crate::bounds::APPROVALS_OPEN_LIMIT`]).
 pub(crate) const APPROVALS_MAX: usize = 20_000;
+// Denials always find room beside the most open approvals a config allows.
+const _: () = assert!(crate::bounds::APPROVALS_OPEN_LIMIT * 2 <= APPROVALS_MAX);
 
 /// Where an approval stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

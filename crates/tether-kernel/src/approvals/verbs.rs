@@ -12,6 +12,7 @@
 //! an unlocked table refuses.
 
 use crate::approvals::{Approval, Status, Vote};
+use crate::bounds::{APPROVALS_PAGE_DEFAULT, APPROVALS_PAGE_MAX};
 use crate::kernel::{Kernel, Principal};
 use crate::ApiError;
 use serde_json::{json, Value};
@@ -19,8 +20,39 @@ use tether_core::receipt::now_ms;
 use tether_core::Code;
 use tether_store::{ApprovalRow, Commit, EventDraft};
 
-/// Longest reason text kept from a voter, characters.
-const REASON_CHARS_MAX: usize = 1024;
+/// A page's `limit`: the default when absent, refused when 0 or over the
+/// maximum.
+fn page_limit(limit: Option<u64>) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(APPROVALS_PAGE_DEFAULT),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=APPROVALS_PAGE_MAX).contains(n))
+            .ok_or_else(|| {
+                ApiError::new(
+                    Code::ProtocolInvalidParams,
+                    format!("limit must be between 1 and {APPROVALS_PAGE_MAX}"),
+                    json!({"reason": "limit_invalid", "limit_max": APPROVALS_PAGE_MAX}),
+                )
+            }),
+    }
+}
+
+/// A `cursor` as (created at, approval id): the last approval of the page
+/// before.
+fn parse_cursor(cursor: &str) -> Result<(u64, String), ApiError> {
+    cursor
+        .split_once('.')
+        .and_then(|(at, id)| Some((at.parse::<u64>().ok()?, id)))
+        .filter(|(_, id)| id.starts_with("appr_") && id.len() <= 64)
+        .map(|(at, id)| (at, id.to_owned()))
+        .ok_or_else(|| {
+            ApiError::invalid_params(
+                "cursor_invalid",
+                "cursor must be the next_cursor of an earlier page",
+            )
+        })
+}
 
 /// The approval table cannot be locked.
 fn table_unavailable() -> ApiError {
@@ -32,34 +64,61 @@ fn table_unavailable() -> ApiError {
 }
 
 impl Kernel {
-    /// `mhs.approvals.list`: operators see every approval, others their own.
+    /// `mhs.approvals.list`: operators see every approval, others their own;
+    /// oldest first, one page at a time (`limit`, default
+    /// [`APPROVALS_PAGE_DEFAULT`], at most [`APPROVALS_PAGE_MAX`]; `cursor`
+    /// the previous page's `next_cursor`, which is `null` on the last page).
     ///
     /// # Errors
-    /// `status` names no status.
-    pub fn approvals_list(&self, p: &Principal, status: Option<&str>) -> Result<Value, ApiError> {
+    /// `status` names no status; `limit` is 0 or over the maximum; `cursor`
+    /// is not one this method answered.
+    pub fn approvals_list(
+        &self,
+        p: &Principal,
+        status: Option<&str>,
+        limit: Option<u64>,
+        cursor: Option<&str>,
+    ) -> Result<Value, ApiError> {
         let filter = match status {
             None => None,
             Some(s) => Some(Status::parse(s).ok_or_else(|| {
                 ApiError::invalid_params(
                     "status",
-                    "status must be pending, approved, denied, used or expired",
+                    "status must be pending, approved, denied, used, expired or revoked",
                 )
             })?),
         };
+        let limit = page_limit(limit)?;
+        let after = cursor.map(parse_cursor).transpose()?;
         let t = self
             .inner
             .approvals
             .lock()
             .map_err(|_| table_unavailable())?;
         let now = now_ms();
-        let mut list: Vec<&Approval> = t
+        let mut list: Vec<(u64, &Approval)> = t
             .by_id
             .values()
             .filter(|a| p.operator || a.requester_id == p.id)
             .filter(|a| filter.is_none_or(|f| a.status_at(now) == f))
+            .map(|a| (a.base["created_at_ms"].as_u64().unwrap_or(0), a))
+            .filter(|(at, a)| {
+                after
+                    .as_ref()
+                    .is_none_or(|(c_at, c_id)| (*at, a.id.as_str()) > (*c_at, c_id.as_str()))
+            })
             .collect();
-        list.sort_by_key(|a| (a.base["created_at_ms"].as_u64().unwrap_or(0), a.id.clone()));
-        Ok(json!({"approvals": list.iter().map(|a| a.to_json(now)).collect::<Vec<_>>()}))
+        list.sort_by(|(x_at, x), (y_at, y)| (x_at, &x.id).cmp(&(y_at, &y.id)));
+        let more = list.len() > limit;
+        list.truncate(limit);
+        let next_cursor = match list.last() {
+            Some((at, a)) if more => json!(format!("{at}.{}", a.id)),
+            _ => Value::Null,
+        };
+        Ok(json!({
+            "approvals": list.iter().map(|(_, a)| a.to_json(now)).collect::<Vec<_>>(),
+            "next_cursor": next_cursor,
+        }))
     }
 
     /// `mhs.approvals.get`.
@@ -81,8 +140,8 @@ impl Kernel {
     /// `mhs.approvals.decide`: one operator's vote.
     ///
     /// # Errors
-    /// Not an operator (agents and services never decide), the requester
-    /// itself, a second vote by the same operator, a closed or expired
+    /// A reason over the text bound (`text_too_long`); not an operator
+    /// (agents and services never decide), the requester itself, a second vote by the same operator, a closed or expired
     /// approval, or the vote could not be made durable.
     pub async fn approvals_decide(
         &self,
@@ -97,7 +156,8 @@ impl Kernel {
                 "decision must be \"approve\" or \"deny\"",
             ));
         }
-        let reason: String = reason.chars().take(REASON_CHARS_MAX).collect();
+        let reason =
+            crate::bounds::within("reason", reason, self.inner.config.text_chars_max)?.to_owned();
         let (record, event) = {
             let mut t = self
                 .inner
@@ -168,8 +228,11 @@ impl Kernel {
 fn unknown(id: &str) -> ApiError {
     ApiError::new(
         Code::PolicyApprovalUnknown,
-        format!("no approval `{id}` for this caller"),
-        json!({"approval_id": id}),
+        format!(
+            "no approval `{}` for this caller",
+            tether_core::echo::id(id)
+        ),
+        json!({"approval_id": tether_core::echo::id(id)}),
     )
 }
 

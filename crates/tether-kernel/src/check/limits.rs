@@ -23,8 +23,8 @@ pub(crate) fn limits_step(dev: &DeviceRt, b: &BindingSpec, input: &Value) -> Res
             Code::SafetyEnvelopeViolation,
             format!(
                 "{} = {} violates {} bound {}{} (source: {})",
-                first.path,
-                first.value,
+                tether_core::echo::text(&first.path),
+                tether_core::echo::text(&first.value.to_string()),
                 first.kind.as_str(),
                 first.bound,
                 first

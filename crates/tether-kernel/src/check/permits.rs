@@ -15,9 +15,11 @@
 //! [`permit_required`].
 //! **Fail-closed rule:** a permit table that cannot be locked refuses; a
 //! permit covers only its exact device, binding, input, session and
-//! principal, once, before it expires; the table is bounded
-//! ([`PERMITS_MAX`]).
+//! principal, once, before it expires; the table is bounded per principal
+//! and in all (`limits.permits_per_principal_max`, `limits.permits_max`),
+//! and a permit beyond either is refused `MHS.PROTOCOL.LIMIT`.
 
+use crate::bounds::limit_refusal;
 use crate::kernel::{DeviceRt, Kernel, Principal};
 use crate::loader::BindingSpec;
 use crate::{ApiError, CommandRequest};
@@ -32,8 +34,6 @@ use tether_store::{canonical, Commit, EventDraft};
 /// Default and longest permit lifetime, ms.
 const PERMIT_TTL_MS_DEFAULT: u64 = 60_000;
 const PERMIT_TTL_MS_MAX: u64 = 600_000;
-/// Most outstanding permits.
-const PERMITS_MAX: usize = 4096;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Permit {
@@ -154,7 +154,8 @@ impl Kernel {
     }
 
     /// Adds a permit to the table, after dropping the expired and used
-    /// ones; refused when [`PERMITS_MAX`] are still outstanding.
+    /// ones; refused (`MHS.PROTOCOL.LIMIT`) when the principal, or the
+    /// endpoint, already holds its bound of outstanding permits.
     fn insert_permit(&self, permit_id: String, permit: Permit) -> Result<(), ApiError> {
         let mut permits = self.inner.permits.lock().map_err(|_| {
             ApiError::new(
@@ -167,12 +168,31 @@ impl Kernel {
         permits
             .by_id
             .retain(|_, x| x.expires_at_ms > now && !x.used);
-        if permits.by_id.len() >= PERMITS_MAX {
-            return Err(ApiError::new(
-                Code::ProtocolInternal,
-                "too many outstanding permits",
-                json!({"reason": "permits_full"}),
-            ));
+        let config = &self.inner.config;
+        let mine = permits
+            .by_id
+            .values()
+            .filter(|x| x.principal_id == permit.principal_id)
+            .count();
+        let refusal = if mine >= config.permits_per_principal_max {
+            Some(limit_refusal(
+                "this principal already holds its bound of outstanding permits",
+                "permits_per_principal_full",
+                Some("limits.permits_per_principal_max"),
+                config.permits_per_principal_max,
+            ))
+        } else if permits.by_id.len() >= config.permits_max {
+            Some(limit_refusal(
+                "the endpoint holds its bound of outstanding permits",
+                "permits_full",
+                Some("limits.permits_max"),
+                config.permits_max,
+            ))
+        } else {
+            None
+        };
+        if let Some(r) = refusal {
+            return Err(ApiError::new(r.code, r.message, r.details));
         }
         permits.by_id.insert(permit_id, permit);
         Ok(())

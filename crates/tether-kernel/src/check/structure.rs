@@ -11,7 +11,7 @@ use crate::kernel::{BindingRt, DeviceRt};
 use crate::loader::BindingSpec;
 use serde_json::{json, Value};
 use tether_core::catalogue;
-use tether_core::{Code, Refusal};
+use tether_core::{echo, Code, Refusal};
 
 /// Most validation errors reported for one input.
 const SCHEMA_ERRORS_MAX: usize = 16;
@@ -38,7 +38,11 @@ pub(crate) fn check_schema(
     let mut errors = Vec::new();
     for v in std::iter::once(served).chain(class) {
         for e in v.iter_errors(input).take(SCHEMA_ERRORS_MAX) {
-            errors.push(json!({"path": e.instance_path.to_string(), "message": e.to_string()}));
+            // A validator's message quotes the offending instance: the
+            // caller's text, repeated only as far as an error may.
+            let path = e.instance_path.to_string();
+            let message = e.to_string();
+            errors.push(json!({"path": echo::text(&path), "message": echo::text(&message)}));
         }
         if !errors.is_empty() {
             break;
@@ -56,6 +60,16 @@ pub(crate) fn check_schema(
         format!("input does not match the served schema: {first}"),
         json!({"errors": errors}),
     ))
+}
+
+/// Field names a refusal repeats: the first [`SCHEMA_ERRORS_MAX`], each as
+/// an error may echo a caller's name.
+fn echoed<'a>(names: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    names
+        .into_iter()
+        .take(SCHEMA_ERRORS_MAX)
+        .map(|n| echo::id(n).into_owned())
+        .collect()
 }
 
 /// CORE-022: unknown keys are `FIELD_UNKNOWN`, readOnly keys `NOT_WRITABLE`,
@@ -103,21 +117,24 @@ pub(crate) fn check_configure_fields(
         return Err(Refusal::new(
             Code::ResourceNotWritable,
             format!("not writable: {why}"),
-            json!({"fields": patch.keys().collect::<Vec<_>>(), "reason": reason}),
+            json!({"fields": echoed(patch.keys()), "reason": reason}),
         ));
     }
     if !report.unknown.is_empty() {
         return Err(Refusal::new(
             Code::ResourceFieldUnknown,
-            format!("unknown field(s): {}", report.unknown.join(", ")),
-            json!({"fields": report.unknown}),
+            format!("unknown field(s): {}", echoed(&report.unknown).join(", ")),
+            json!({"fields": echoed(&report.unknown)}),
         ));
     }
     if !report.read_only.is_empty() {
         return Err(Refusal::new(
             Code::ResourceNotWritable,
-            format!("read-only field(s): {}", report.read_only.join(", ")),
-            json!({"fields": report.read_only, "reason": "read_only"}),
+            format!(
+                "read-only field(s): {}",
+                echoed(&report.read_only).join(", ")
+            ),
+            json!({"fields": echoed(&report.read_only), "reason": "read_only"}),
         ));
     }
     Ok(())

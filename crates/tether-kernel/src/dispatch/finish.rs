@@ -41,7 +41,7 @@ impl Kernel {
         }
         let latency_us = u64::try_from(ctx.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
         let receipt = self.dispatched_receipt(&ctx, b, revisions, (status, output, error));
-        self.note_finished(op_id, ctx.device, &receipt);
+        self.note_finished(op_id, ctx.device, &ctx.principal.id, &receipt);
         // The entry is where the receipt is stored (the receipts table only
         // indexes it). The commit is serialised from a borrow; the answer is
         // the receipt's canonical text, or on the value path the receipt

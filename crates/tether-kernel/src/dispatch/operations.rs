@@ -3,12 +3,22 @@
 //! Cancellation is cooperative: an accepted cancel means the request was
 //! delivered to the running operation, never that the device stopped. The
 //! operation's own receipt says how it ended.
+//!
+//! **Owns:** who may read or cancel an operation (the principal whose
+//! command it runs, and human operators, whose access to another's is
+//! recorded as `operation.operator_access`), and the bounded memory of
+//! finished operations with their owners.
+//! **Never belongs here:** the registry of running operations
+//! (`registry.rs`), how a command is cancelled once asked (the driver call).
+//! **Fail-closed rule:** anyone else's operation answers exactly as an id
+//! that does not exist (`MHS.OPERATION.UNKNOWN`), and is left alone.
 
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, Principal, PrincipalKind};
 use crate::ApiError;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use tether_core::{Code, Receipt, Status};
+use tether_core::{echo, Code, Receipt, Status};
+use tether_store::{Commit, EventDraft};
 
 /// Finished operations remembered for `mhs.operations.get`.
 const FINISHED_MAX: usize = 10_000;
@@ -22,6 +32,9 @@ pub(crate) struct FinishedOp {
     receipt_id: String,
     device: usize,
     capability_id: String,
+    /// The principal whose command it ran: only it (and operators) may
+    /// read it.
+    owner: String,
 }
 
 /// A bounded memory of finished operations: id -> summary.
@@ -43,14 +56,34 @@ impl Finished {
     }
 }
 
+/// What a caller may do with an operation it names: its own, or another's
+/// as an operator (recorded), or nothing (it reads as unknown).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Owner,
+    Operator,
+    None,
+}
+
+fn access(p: &Principal, owner: &str) -> Access {
+    if p.id == owner {
+        Access::Owner
+    } else if p.kind == PrincipalKind::Human && p.operator {
+        Access::Operator
+    } else {
+        Access::None
+    }
+}
+
 impl Kernel {
-    pub(crate) fn note_finished(&self, op_id: &str, device: usize, receipt: &Receipt) {
+    pub(crate) fn note_finished(&self, op_id: &str, device: usize, owner: &str, receipt: &Receipt) {
         let summary = FinishedOp {
             status: receipt.status,
             command_id: receipt.command_id.clone(),
             receipt_id: receipt.receipt_id.clone(),
             device,
             capability_id: receipt.capability_id.clone(),
+            owner: owner.to_owned(),
         };
         if let Ok(mut f) = self.inner.finished_ops.lock() {
             f.insert(op_id, summary);
@@ -60,32 +93,71 @@ impl Kernel {
     fn unknown_operation(id: &str) -> ApiError {
         ApiError::new(
             Code::OperationUnknown,
-            format!("no running or recently finished operation `{id}`"),
-            json!({"operation_id": id}),
+            format!(
+                "no running or recently finished operation `{}` for this caller",
+                echo::id(id)
+            ),
+            json!({"operation_id": echo::id(id)}),
         )
     }
 
-    /// `mhs.operations.get`.
+    /// An operator read or cancelled another principal's operation: the
+    /// evidence says who, whose, and what.
+    fn record_operator_access(&self, p: &Principal, action: &str, op_id: &str, owner: &str) {
+        self.record(Commit {
+            events: vec![EventDraft {
+                kind: "operation.operator_access".into(),
+                body: json!({"operation_id": op_id, "action": action, "operator": p.to_json(), "owner": {"id": owner}}).into(),
+            }],
+            ..Commit::default()
+        });
+    }
+
+    /// `mhs.operations.get`: the caller's own operation, or any as an
+    /// operator (recorded as evidence). Another principal's operation reads
+    /// exactly as one that does not exist.
     ///
     /// # Errors
     /// `MHS.OPERATION.UNKNOWN`.
-    pub fn operation_get(&self, operation_id: &str) -> Result<Value, ApiError> {
+    pub fn operation_get(&self, p: &Principal, operation_id: &str) -> Result<Value, ApiError> {
+        let (answer, owner) = self.operation_view(p, operation_id)?;
+        if access(p, &owner) == Access::Operator {
+            self.record_operator_access(p, "get", operation_id, &owner);
+        }
+        Ok(answer)
+    }
+
+    /// The operation as `mhs.operations.get` answers it, and its owner, if
+    /// `p` may see it.
+    fn operation_view(
+        &self,
+        p: &Principal,
+        operation_id: &str,
+    ) -> Result<(Value, String), ApiError> {
         if let Ok(ops) = self.inner.ops.lock() {
             if let Some(op) = ops.get(operation_id) {
-                return Ok(json!({
+                if access(p, &op.principal_id) == Access::None {
+                    return Err(Self::unknown_operation(operation_id));
+                }
+                let answer = json!({
                     "operation_id": operation_id,
                     "state": "running",
                     "device_id": self.inner.devices[op.device].id(),
                     "capability_id": op.capability_id,
                     "cancel_requested": op.cancel.is_cancelled(),
-                }));
+                });
+                return Ok((answer, op.principal_id.clone()));
             }
         }
         let finished = self.inner.finished_ops.lock().ok();
-        let Some(op) = finished.as_ref().and_then(|f| f.by_id.get(operation_id)) else {
+        let Some(op) = finished
+            .as_ref()
+            .and_then(|f| f.by_id.get(operation_id))
+            .filter(|op| access(p, &op.owner) != Access::None)
+        else {
             return Err(Self::unknown_operation(operation_id));
         };
-        Ok(json!({
+        let answer = json!({
             "operation_id": operation_id,
             "state": "finished",
             "status": op.status.as_str(),
@@ -93,31 +165,52 @@ impl Kernel {
             "receipt_id": op.receipt_id,
             "device_id": self.inner.devices[op.device].id(),
             "capability_id": op.capability_id,
-        }))
+        });
+        Ok((answer, op.owner.clone()))
     }
 
-    /// `mhs.operations.cancel`: delivers cancellation to a running operation.
+    /// `mhs.operations.cancel`: delivers cancellation to a running operation
+    /// of the caller's own, or of anyone's for an operator (recorded as
+    /// evidence). Another principal's operation reads as unknown and is
+    /// left running.
     ///
     /// # Errors
     /// `MHS.OPERATION.UNKNOWN`.
-    pub fn operation_cancel(&self, operation_id: &str) -> Result<Value, ApiError> {
-        if let Ok(ops) = self.inner.ops.lock() {
-            if let Some(op) = ops.get(operation_id) {
-                if op.stop_class {
-                    return Ok(
-                        json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled"}),
-                    );
+    pub fn operation_cancel(&self, p: &Principal, operation_id: &str) -> Result<Value, ApiError> {
+        let running = match self.inner.ops.lock() {
+            Ok(ops) => ops.get(operation_id).map(|op| {
+                let owner = op.principal_id.clone();
+                let who = access(p, &owner);
+                let delivered = who != Access::None && !op.stop_class;
+                if delivered {
+                    op.cancel.cancel();
                 }
-                op.cancel.cancel();
-                return Ok(
-                    json!({"operation_id": operation_id, "cancel_delivered": true, "note": "delivered, not confirmed: the operation's receipt says how it ended"}),
-                );
+                (who, owner, op.stop_class)
+            }),
+            Err(_) => None,
+        };
+        match running {
+            Some((Access::None, _, _)) => Err(Self::unknown_operation(operation_id)),
+            Some((who, owner, stop_class)) => {
+                if who == Access::Operator {
+                    self.record_operator_access(p, "cancel", operation_id, &owner);
+                }
+                Ok(if stop_class {
+                    json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled"})
+                } else {
+                    json!({"operation_id": operation_id, "cancel_delivered": true, "note": "delivered, not confirmed: the operation's receipt says how it ended"})
+                })
+            }
+            None => {
+                let (finished, owner) = self.operation_view(p, operation_id)?;
+                if access(p, &owner) == Access::Operator {
+                    self.record_operator_access(p, "cancel", operation_id, &owner);
+                }
+                Ok(
+                    json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "already_finished", "status": finished["status"]}),
+                )
             }
         }
-        let finished = self.operation_get(operation_id)?;
-        Ok(
-            json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "already_finished", "status": finished["status"]}),
-        )
     }
 
     /// The running operation of `command_id`, whatever session runs it

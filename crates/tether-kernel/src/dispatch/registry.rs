@@ -65,6 +65,7 @@ impl Kernel {
                 cancel: cancel.clone(),
                 stop_class: !Kernel::is_effectful(b),
                 session_id: ctx.session_id.clone(),
+                principal_id: ctx.principal.id.clone(),
                 command_id: ctx.command_id.clone(),
             },
         );

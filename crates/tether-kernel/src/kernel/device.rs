@@ -33,6 +33,9 @@ pub(crate) struct RunningOp {
     pub cancel: crate::driver::CancelToken,
     pub stop_class: bool,
     pub session_id: Option<String>,
+    /// The principal whose command it is: only it (and operators) may read
+    /// or cancel it.
+    pub principal_id: String,
     /// The command this operation runs (lets a surface that only knows the
     /// `command_id` it sent find the operation to cancel).
     pub command_id: String,

@@ -78,8 +78,11 @@ impl Kernel {
             .ok_or_else(|| {
                 ApiError::new(
                     Code::DeviceUnknown,
-                    format!("no device `{device_id}` is served here"),
-                    json!({"device_id": device_id, "devices": self.device_ids()}),
+                    format!(
+                        "no device `{}` is served here",
+                        tether_core::echo::id(device_id)
+                    ),
+                    json!({"device_id": tether_core::echo::id(device_id), "devices": self.device_ids()}),
                 )
             })
     }

@@ -57,6 +57,20 @@ pub struct KernelConfig {
     /// restart keeps a disarm). `false`: every start begins disarmed and an
     /// operator arms each device (`mhs.safety.arm`).
     pub hardware_armed_at_start: bool,
+    /// Open approvals (pending, or approved and unused) on the endpoint, at
+    /// most ([`crate::bounds`]).
+    pub approvals_open_max: usize,
+    /// Open approvals one principal may hold, at most; at most half of
+    /// `approvals_open_max`.
+    pub approvals_open_per_principal_max: usize,
+    /// Outstanding permits on the endpoint, at most.
+    pub permits_max: usize,
+    /// Outstanding permits of one principal, at most; at most half of
+    /// `permits_max`.
+    pub permits_per_principal_max: usize,
+    /// Longest free text (reasons) a caller may hand the kernel, characters:
+    /// longer is refused, except an e-stop's or a disarm's, which is cut.
+    pub text_chars_max: usize,
 }
 
 impl KernelConfig {
@@ -71,6 +85,12 @@ impl KernelConfig {
             approval_ttl_ms: 3_600_000,
             policy: None,
             hardware_armed_at_start: true,
+            approvals_open_max: crate::bounds::APPROVALS_OPEN_MAX_DEFAULT,
+            approvals_open_per_principal_max:
+                crate::bounds::APPROVALS_OPEN_PER_PRINCIPAL_MAX_DEFAULT,
+            permits_max: crate::bounds::PERMITS_MAX_DEFAULT,
+            permits_per_principal_max: crate::bounds::PERMITS_PER_PRINCIPAL_MAX_DEFAULT,
+            text_chars_max: crate::bounds::TEXT_CHARS_MAX_DEFAULT,
         }
     }
 }
@@ -93,6 +113,9 @@ pub enum StartError {
     Store(StoreError),
     /// The ControlPolicy does not load or validate.
     Policy(tether_policy::PolicyError),
+    /// A bound per caller is out of range, or lets one principal reach the
+    /// endpoint's bound alone (each defect, naming its config key).
+    Bounds(Vec<String>),
 }
 
 impl std::fmt::Display for StartError {
@@ -108,6 +131,7 @@ impl std::fmt::Display for StartError {
             }
             StartError::Store(e) => write!(f, "evidence store: {e}"),
             StartError::Policy(e) => write!(f, "{e}"),
+            StartError::Bounds(d) => write!(f, "bounds: {}", d.join("; ")),
         }
     }
 }
@@ -134,6 +158,10 @@ impl Kernel {
         drivers: HashMap<String, Arc<dyn Driver>>,
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
+        let defects = crate::bounds::check(&config);
+        if !defects.is_empty() {
+            return Err(StartError::Bounds(defects));
+        }
         // Orphans first: their receipts must be in the idempotency index.
         crate::dispatch::evidence::reconcile_orphans(store.as_ref()).map_err(StartError::Store)?;
         let stored = Stored {

@@ -54,7 +54,15 @@ impl Kernel {
         }
         let was = dev.armed.load(Ordering::SeqCst);
         let at_ms = now_ms().max(dev.arming_ms.load(Ordering::SeqCst) + 1);
-        let reason: String = req.reason.chars().take(512).collect();
+        // An arm's reason over the bound is refused; a disarm only takes
+        // power away, so, like an e-stop, it is never refused for its text:
+        // its reason is cut.
+        let max = self.inner.config.text_chars_max;
+        let reason = if req.armed {
+            crate::bounds::within("reason", &req.reason, max)?.to_owned()
+        } else {
+            crate::bounds::cut(&req.reason, max)
+        };
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.arming".into(),

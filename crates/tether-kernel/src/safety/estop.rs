@@ -81,6 +81,24 @@ struct DeviceStop {
     completed: bool,
 }
 
+/// The latch reason of an e-stop: the caller's reason (or a default) and
+/// the request's defect, if any, within `max` characters. An e-stop is never
+/// refused for its text: a longer reason is cut, and the defect keeps room
+/// of its own (at most half the bound) so a long reason never hides it.
+fn latch_reason(reason: &str, defect: Option<&str>, max: usize) -> String {
+    let reason = if reason.is_empty() {
+        "e-stop requested"
+    } else {
+        reason
+    };
+    let Some(defect) = defect else {
+        return crate::bounds::cut(reason, max);
+    };
+    let note = format!(" (request defect: {})", crate::bounds::cut(defect, max / 2));
+    let room = max.saturating_sub(note.chars().count());
+    format!("{}{note}", crate::bounds::cut(reason, room))
+}
+
 impl Kernel {
     /// `mhs.safety.estop`: stops the named devices (every device when none is
     /// named). Never refused; needs no session.
@@ -95,14 +113,17 @@ impl Kernel {
                 .session_single_device(req.session_id.as_deref())
                 .map_or_else(|| (0..self.inner.devices.len()).collect(), |d| vec![d]);
         }
-        let mut reason = if req.reason.is_empty() {
-            "e-stop requested".to_owned()
-        } else {
-            req.reason.clone()
-        };
-        if let Some(defect) = &req.envelope_defect {
-            reason = format!("{reason} (request defect: {defect})");
-        }
+        let reason = latch_reason(
+            &req.reason,
+            req.envelope_defect.as_deref(),
+            self.inner.config.text_chars_max,
+        );
+        // Only recorded (the target was picked above): a caller's text, kept
+        // as an error would echo it.
+        let mut req = req;
+        req.session_id = req
+            .session_id
+            .map(|s| tether_core::echo::id(&s).into_owned());
         let Some(deadline) = req.deadline else {
             return self
                 .estop_devices(targets, &reason, req.requested_by, req.session_id, None)
@@ -190,12 +211,14 @@ impl Kernel {
         req: &CommandRequest,
         arrival: &Arrival,
     ) -> Answer {
-        let reason = req
-            .input
-            .get("reason")
-            .and_then(Value::as_str)
-            .unwrap_or("e-stop command")
-            .to_owned();
+        // Cut, never refused: an e-stop is served whatever its text.
+        let reason = crate::bounds::cut(
+            req.input
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("e-stop command"),
+            self.inner.config.text_chars_max,
+        );
         self.estop_devices(
             vec![arrival.device],
             &reason,

@@ -160,6 +160,9 @@ pub fn trip_in_store(
 ) -> Result<u64, tether_store::StoreError> {
     let since = now_ms();
     let target = device_id.unwrap_or(ALL_DEVICES);
+    // Never refused, like every e-stop: a longer reason is cut to the
+    // default text bound (no endpoint's config is read here).
+    let reason = &crate::bounds::cut(reason, crate::bounds::TEXT_CHARS_MAX_DEFAULT);
     store.commit_blocking(Commit {
         events: vec![EventDraft {
             kind: "safety.estop".into(),

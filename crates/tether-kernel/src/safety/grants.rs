@@ -20,6 +20,13 @@ use tether_store::{canonical, Commit, EventDraft};
 pub const SAFE_PLACE_GRANT_TTL_MS: u64 = 60_000;
 /// Most outstanding grants at once.
 const GRANTS_MAX: usize = 1024;
+/// Most outstanding grants of one operator: one operator never takes every
+/// grant from the others.
+const GRANTS_PER_PRINCIPAL_MAX: usize = 64;
+const _: () = assert!(crate::bounds::per_principal_fits(
+    GRANTS_PER_PRINCIPAL_MAX,
+    GRANTS_MAX
+));
 
 #[derive(Debug, Clone)]
 pub(crate) struct Grant {
@@ -27,12 +34,39 @@ pub(crate) struct Grant {
     binding: usize,
     digest: String,
     expires_at_ms: u64,
+    principal_id: String,
 }
 
 /// Outstanding grants by id.
 #[derive(Debug, Default)]
 pub(crate) struct Grants {
     by_id: HashMap<String, Grant>,
+}
+
+/// Why one more grant of `principal` may not be made now, if it may not:
+/// the operator, or the endpoint, holds its bound (`MHS.PROTOCOL.LIMIT`).
+fn grants_bound(grants: &Grants, principal: &str) -> Option<Refusal> {
+    let mine = grants
+        .by_id
+        .values()
+        .filter(|g| g.principal_id == principal)
+        .count();
+    if mine >= GRANTS_PER_PRINCIPAL_MAX {
+        return Some(crate::bounds::limit_refusal(
+            "this operator already holds its bound of outstanding safe-place grants",
+            "grants_per_principal_full",
+            None,
+            GRANTS_PER_PRINCIPAL_MAX,
+        ));
+    }
+    (grants.by_id.len() >= GRANTS_MAX).then(|| {
+        crate::bounds::limit_refusal(
+            "the endpoint holds its bound of outstanding safe-place grants",
+            "grants_full",
+            None,
+            GRANTS_MAX,
+        )
+    })
 }
 
 impl Kernel {
@@ -72,13 +106,16 @@ impl Kernel {
             .map(|(i, _)| i)
             .collect();
         let [bi] = found[..] else {
-            return Err(ApiError::new(Code::CapabilityNotBound, "name exactly one bound safe-place binding (capability_id and, if needed, resource)", json!({"capability_id": capability_id, "matches": found.len()})));
+            return Err(ApiError::new(Code::CapabilityNotBound, "name exactly one bound safe-place binding (capability_id and, if needed, resource)", json!({"capability_id": tether_core::echo::id(capability_id), "matches": found.len()})));
         };
         let b = &dev.spec.bindings[bi];
         if !(b.catalogued && b.flags.safe_place) {
             return Err(ApiError::invalid_params(
                 "not_safe_place",
-                format!("`{capability_id}` is not a safe-place class"),
+                format!(
+                    "`{}` is not a safe-place class",
+                    tether_core::echo::id(capability_id)
+                ),
             ));
         }
         let grant_id = ids::mint_secret("spg_");
@@ -90,12 +127,8 @@ impl Kernel {
             })?;
             let now = now_ms();
             grants.by_id.retain(|_, g| g.expires_at_ms > now);
-            if grants.by_id.len() >= GRANTS_MAX {
-                return Err(ApiError::new(
-                    Code::ProtocolInternal,
-                    "too many outstanding grants",
-                    json!({"reason": "grants_full"}),
-                ));
+            if let Some(r) = grants_bound(&grants, &p.id) {
+                return Err(ApiError::new(r.code, r.message, r.details));
             }
             grants.by_id.insert(
                 grant_id.clone(),
@@ -104,6 +137,7 @@ impl Kernel {
                     binding: bi,
                     digest: digest.clone(),
                     expires_at_ms,
+                    principal_id: p.id.clone(),
                 },
             );
         }

@@ -33,14 +33,20 @@ impl Kernel {
     /// resumes nothing.
     ///
     /// # Errors
-    /// Unknown device.
+    /// Unknown device; a reason over the text bound (`text_too_long`).
     pub async fn reset(&self, p: &Principal, req: ResetRequest) -> Result<Value, ApiError> {
         let d = self
             .device_index(&req.device_id)
             .ok_or_else(|| self.unknown_device(&req.device_id))?;
         let dev = &self.inner.devices[d];
+        crate::bounds::within("reason", &req.reason, self.inner.config.text_chars_max)?;
+        // The session is only recorded: kept as an error would echo it.
+        let session_id = req
+            .session_id
+            .as_deref()
+            .map(|s| tether_core::echo::id(s).into_owned());
         let ctx = Ctx {
-            session_id: req.session_id.clone(),
+            session_id: session_id.clone(),
             ..Ctx::bare(
                 d,
                 CommandId::mint().as_str().to_owned(),
@@ -57,7 +63,7 @@ impl Kernel {
         let commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.reset".into(),
-                body: json!({"device_id": dev.id(), "principal": p.to_json(), "reason": req.reason, "session_id": req.session_id}).into(),
+                body: json!({"device_id": dev.id(), "principal": p.to_json(), "reason": req.reason, "session_id": session_id}).into(),
             }],
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),

@@ -23,9 +23,14 @@
 //! Both protocol generations are served: 2025-11-25 clients initialize and
 //! get an `Mcp-Session-Id` (one handler, and so one set of kernel sessions,
 //! per MCP session); 2026-07-28 clients send `server/discover` and
-//! self-contained requests, each served by a fresh handler.
+//! self-contained requests, each served by a fresh handler. An `initialize`
+//! takes a slot of its principal before the SDK makes a session
+//! (`sessions.rs`): past the principal's or the endpoint's bound it is `429`
+//! with `Retry-After` and `MHS.PROTOCOL.LIMIT`, and no live session is ever
+//! evicted to make room.
 
 use super::screen::{self, DefectiveEstop, Screened};
+use super::sessions::{BoundedSessions, Full, Owners, Slot};
 use super::{Disconnect, TetherMcp};
 use crate::auth::Authenticator;
 use crate::edge::{Edge, EdgeConfig};
@@ -37,7 +42,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http_body::Frame;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 use std::pin::Pin;
@@ -48,6 +52,11 @@ use tether_core::Code;
 use tether_kernel::{Kernel, Principal};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+pub use super::sessions::{
+    SessionBounds, MCP_SESSIONS_LIMIT, MCP_SESSIONS_MAX_DEFAULT,
+    MCP_SESSIONS_PER_PRINCIPAL_MAX_DEFAULT, RETRY_AFTER_S,
+};
+
 /// The path MCP is served on.
 pub const MCP_PATH: &str = "/mcp";
 
@@ -55,52 +64,13 @@ pub const MCP_PATH: &str = "/mcp";
 const SDK_ERROR_BYTES_MAX: usize = 64 * 1024;
 
 /// What the guard needs: who may call, the kernel to serve an e-stop the
-/// SDK would not, and who opened each MCP session.
+/// SDK would not, and who opened each MCP session (bounded per principal and
+/// in all, `sessions.rs`).
 struct Guard {
     auth: Authenticator,
     kernel: Kernel,
     edge: Edge,
-    owners: std::sync::Mutex<SessionOwners>,
-}
-
-/// MCP sessions kept track of, at most; the oldest is forgotten first, and a
-/// forgotten session is refused like an unknown one (the client initializes
-/// again).
-const SESSION_OWNERS_MAX: usize = 16_384;
-
-/// The principal that opened each MCP session (`Mcp-Session-Id`). A session
-/// belongs to its principal: another principal's request in it is refused
-/// as an unknown session, so it can neither call tools there nor cancel
-/// the owner's calls.
-#[derive(Default)]
-struct SessionOwners {
-    by_session: std::collections::HashMap<String, String>,
-    order: std::collections::VecDeque<String>,
-}
-
-impl SessionOwners {
-    fn record(&mut self, session: String, principal: String) {
-        if self.by_session.contains_key(&session) {
-            return;
-        }
-        while self.order.len() >= SESSION_OWNERS_MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.by_session.remove(&old);
-            }
-        }
-        self.order.push_back(session.clone());
-        self.by_session.insert(session, principal);
-    }
-
-    fn owner(&self, session: &str) -> Option<&str> {
-        self.by_session.get(session).map(String::as_str)
-    }
-
-    fn forget(&mut self, session: &str) {
-        if self.by_session.remove(session).is_some() {
-            self.order.retain(|s| s != session);
-        }
-    }
+    owners: Owners,
 }
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -132,6 +102,7 @@ pub fn router(
     kernel: Kernel,
     auth: Authenticator,
     edge: Edge,
+    bounds: SessionBounds,
     shutdown: CancellationToken,
 ) -> Router {
     let config = StreamableHttpServerConfig::default()
@@ -139,15 +110,16 @@ pub fn router(
         .with_cancellation_token(shutdown);
     let config = super::edge::sdk_config(config, &edge);
     let tools = super::catalogue(&kernel);
+    let owners = Owners::new(bounds);
     let guard_state = Arc::new(Guard {
         auth,
         kernel: kernel.clone(),
         edge,
-        owners: std::sync::Mutex::new(SessionOwners::default()),
+        owners: owners.clone(),
     });
     let service = StreamableHttpService::new(
         move || Ok(TetherMcp::for_http(kernel.clone(), tools.clone())),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(BoundedSessions::new(owners)),
         config,
     );
     Router::new()
@@ -167,14 +139,35 @@ pub async fn serve(
     names: EdgeConfig,
     listener: tokio::net::TcpListener,
     settings: crate::listener::Edge,
+    bounds: SessionBounds,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let edge = Edge::new(listener.local_addr()?, &names);
-    let app = router(kernel, auth.clone(), edge, shutdown.clone());
+    let app = router(kernel, auth.clone(), edge, bounds, shutdown.clone());
     crate::listener::serve(listener, app, auth, settings, async move {
         shutdown.cancelled().await;
     })
     .await
+}
+
+/// An `initialize` past a bound on MCP sessions: `429` with `Retry-After`
+/// and `MHS.PROTOCOL.LIMIT` (retryable), naming the bound.
+fn sessions_full(full: Full) -> Response {
+    let body = error_response(
+        Value::Null,
+        Code::ProtocolLimit,
+        &format!(
+            "too many MCP sessions (at most {}); close one (DELETE {MCP_PATH}) or retry later",
+            full.limit
+        ),
+        json!({"reason": full.reason, "key": full.key, "limit": full.limit, "http_status": 429, "retry_after_s": RETRY_AFTER_S}),
+    );
+    let mut response = json_error(StatusCode::TOO_MANY_REQUESTS, &body);
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        axum::http::HeaderValue::from(RETRY_AFTER_S),
+    );
+    response
 }
 
 pub(super) fn json_error(status: StatusCode, body: &Value) -> Response {
@@ -208,22 +201,26 @@ async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Res
     if let Err(refusal) = checked {
         return super::edge::refused(&g.kernel, &principal, &refusal, request).await;
     }
-    let (mut request, watch) = if request.method() == Method::POST {
+    let (mut request, watch, initialize) = if request.method() == Method::POST {
         match checked_body(&g.kernel, &principal, request).await {
             Ok(checked) => checked,
             Err(response) => return response,
         }
     } else {
-        (request, None)
+        (request, None, false)
     };
     let session = session_of(request.headers());
+    // An `initialize` without a session makes one: it takes a slot of its
+    // principal first, or is refused at the bound (never evicting another).
+    let slot: Option<Slot> = match (&session, initialize) {
+        (None, true) => match g.owners.reserve(&principal.id) {
+            Ok(slot) => Some(slot),
+            Err(full) => return sessions_full(full),
+        },
+        _ => None,
+    };
     if let Some(sid) = &session {
-        let owned = g
-            .owners
-            .lock()
-            .map(|o| o.owner(sid) == Some(principal.id.as_str()))
-            .unwrap_or(false);
-        if !owned {
+        if !g.owners.owned_by(sid, &principal.id) {
             return match watch {
                 // An e-stop is served whatever session it names.
                 Some(watch) => refused_estop(&g.kernel, principal, watch, foreign_session()).await,
@@ -238,14 +235,11 @@ async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Res
         .insert(Disconnect(disconnect.clone()));
     let delete = request.method() == Method::DELETE;
     let mut response = next.run(request).await;
-    if let Ok(mut owners) = g.owners.lock() {
-        match (&session, session_of(response.headers())) {
-            (None, Some(opened)) if response.status().is_success() => {
-                owners.record(opened, principal.id.clone());
-            }
-            (Some(sid), _) if delete && response.status().is_success() => owners.forget(sid),
-            _ => {}
-        }
+    match (slot, &session, session_of(response.headers())) {
+        (Some(slot), None, Some(opened)) if response.status().is_success() => slot.bind(opened),
+        (_, Some(sid), _) if delete && response.status().is_success() => g.owners.ended(sid),
+        // A slot not bound (the SDK refused the initialize) is given back.
+        _ => {}
     }
     if delete && response.status() == StatusCode::ACCEPTED {
         // The SDK answers a session DELETE with 202; clients (the Python SDK
@@ -360,12 +354,13 @@ async fn defective_estop(
 
 /// Reads a POST body (bounded) and refuses what is not strict JSON or not a
 /// usable `tools/call`; serves a defective e-stop. Answers the request to
-/// hand on, and what to watch if it is an e-stop.
+/// hand on, what to watch if it is an e-stop, and whether it is an
+/// `initialize` (which makes a session).
 async fn checked_body(
     kernel: &Kernel,
     principal: &Principal,
     request: Request,
-) -> Result<(Request, Option<EstopWatch>), Response> {
+) -> Result<(Request, Option<EstopWatch>, bool), Response> {
     let (parts, body) = request.into_parts();
     let bytes = match crate::read_body(body, crate::REQUEST_BYTES_MAX).await {
         crate::BodyBytes::Whole(bytes) => bytes,
@@ -420,6 +415,7 @@ async fn checked_body(
             return Err(json_error(StatusCode::BAD_REQUEST, &body));
         }
     };
+    let initialize = value.get("method").and_then(Value::as_str) == Some("initialize");
     let watch = match screen::message(value) {
         Screened::Pass(Value::Object(obj)) if screen::names_estop(&obj) => Some(EstopWatch {
             id: obj.get("id").cloned().unwrap_or(Value::Null),
@@ -434,7 +430,11 @@ async fn checked_body(
         Screened::Refuse(None) => return Err(StatusCode::ACCEPTED.into_response()),
         Screened::Estop(estop) => return Err(defective_estop(kernel, principal, estop).await),
     };
-    Ok((Request::from_parts(parts, Body::from(bytes)), watch))
+    Ok((
+        Request::from_parts(parts, Body::from(bytes)),
+        watch,
+        initialize,
+    ))
 }
 
 /// A response body that cancels its disconnect token when dropped before

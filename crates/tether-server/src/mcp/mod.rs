@@ -19,6 +19,7 @@ mod edge;
 pub mod http;
 mod render;
 mod screen;
+mod sessions;
 pub mod stdio;
 
 use crate::tools::{self, ToolKind};
@@ -58,10 +59,11 @@ const _: () = assert!(CANCEL_POLL_MS < CANCEL_CHASE_MS_MAX);
 pub const INFLIGHT_DRAIN_MS_MAX: u64 = 5_000;
 /// Kernel sessions one MCP connection may hold (one per principal).
 const SESSIONS_PER_CONNECTION_MAX: usize = 64;
-/// Longest e-stop reason kept (the rest is cut, never refused).
-const REASON_CHARS_MAX: usize = 512;
-// A reason the estop tool's schema accepts is kept whole.
-const _: () = assert!(REASON_CHARS_MAX >= crate::tools::ESTOP_REASON_CHARS_MAX);
+// A reason the estop tool's schema accepts is kept whole: the kernel's text
+// bound (`limits.text_chars_max`), to which an e-stop reason is cut, is
+// never smaller.
+const _: () =
+    assert!(tether_kernel::bounds::TEXT_CHARS_MIN >= crate::tools::ESTOP_REASON_CHARS_MAX);
 
 /// Told to every client at start: what Tether is, and what it is not.
 const INSTRUCTIONS: &str = "Tether governs these devices: every tool call is checked against declared \
@@ -366,9 +368,10 @@ impl TetherMcp {
         }
         let kernel = self.kernel.clone();
         let (sid, cid) = (call.session_id.to_owned(), call.command_id.to_owned());
+        let who = call.principal.clone();
         self.conn
             .inflight
-            .spawn(async move { deliver_cancel(&kernel, &sid, &cid, &task).await });
+            .spawn(async move { deliver_cancel(&kernel, &who, &sid, &cid, &task).await });
         Err("the call was cancelled by the client")
     }
 
@@ -419,11 +422,11 @@ async fn estop_receipt(
         .and_then(Value::as_str)
         .unwrap_or("estop tool (MCP)")
         .chars()
-        .take(REASON_CHARS_MAX)
+        .take(kernel.text_chars_max())
         .collect();
     let unknown = named
         .filter(|_| device_ids.is_empty())
-        .map(|d| d.chars().take(REASON_CHARS_MAX).collect::<String>());
+        .map(|d| tether_core::echo::id(d).into_owned());
     let unknown_defect = unknown
         .as_deref()
         .map(|d| format!("unknown device `{d}`: every device was stopped"));
@@ -468,6 +471,7 @@ fn disconnect_token(ctx: &RequestContext<RoleServer>) -> CancellationToken {
 /// ends or the bound passes.
 async fn deliver_cancel(
     kernel: &Kernel,
+    principal: &Principal,
     session_id: &str,
     command_id: &str,
     task: &JoinHandle<Result<Value, ApiError>>,
@@ -475,7 +479,7 @@ async fn deliver_cancel(
     let until = Instant::now() + Duration::from_millis(CANCEL_CHASE_MS_MAX);
     while !task.is_finished() && Instant::now() < until {
         if let Some(op) = kernel.operation_for_command(session_id, command_id) {
-            let _ = kernel.operation_cancel(&op);
+            let _ = kernel.operation_cancel(principal, &op);
             return;
         }
         tokio::time::sleep(Duration::from_millis(CANCEL_POLL_MS)).await;
@@ -515,7 +519,10 @@ impl ServerHandler for TetherMcp {
     ) -> Result<CallToolResponse, McpError> {
         let Some(tool) = self.find(&request.name).cloned() else {
             return Err(McpError::invalid_params(
-                format!("no tool `{}`; list the tools first", request.name),
+                format!(
+                    "no tool `{}`; list the tools first",
+                    tether_core::echo::id(&request.name)
+                ),
                 None,
             ));
         };

@@ -323,7 +323,12 @@ pub(super) fn resource_templates() -> Vec<ResourceTemplate> {
 
 /// Reads `tether://devices/{device_id}/reference.json|.md`.
 pub(super) fn read_reference(kernel: &Kernel, uri: &str) -> Result<ReadResourceResult, McpError> {
-    let not_found = || McpError::resource_not_found(format!("no resource `{uri}`"), None);
+    let not_found = || {
+        McpError::resource_not_found(
+            format!("no resource `{}`", tether_core::echo::text(uri)),
+            None,
+        )
+    };
     let rest = uri.strip_prefix(URI_PREFIX).ok_or_else(not_found)?;
     // A device id may hold `/`; the file name never does.
     let (device_id, file) = rest.rsplit_once('/').ok_or_else(not_found)?;

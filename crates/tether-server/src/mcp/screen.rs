@@ -200,7 +200,16 @@ fn params_defect(obj: &Map<String, Value>) -> Option<(&'static str, String)> {
     // Whatever else the SDK's own type refuses (`_meta` of the wrong shape...).
     serde_json::from_value::<CallToolRequestParams>(params.clone())
         .err()
-        .map(|e| ("params_invalid", format!("invalid tools/call params: {e}")))
+        .map(|e| {
+            let message = e.to_string();
+            (
+                "params_invalid",
+                format!(
+                    "invalid tools/call params: {}",
+                    tether_core::echo::text(&message)
+                ),
+            )
+        })
 }
 
 fn tools_call(obj: &Map<String, Value>) -> Option<Screened> {

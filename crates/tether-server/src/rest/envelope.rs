@@ -184,6 +184,13 @@ impl IntoResponse for RestError {
                 axum::http::HeaderValue::from_static("Bearer"),
             );
         }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            // A bound was reached (retryable): say when to try again.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(crate::mcp::http::RETRY_AFTER_S),
+            );
+        }
         response
     }
 }
@@ -252,10 +259,14 @@ pub(crate) fn from_body<T: DeserializeOwned>(v: Value) -> Result<T, RestError> {
         ));
     }
     serde_json::from_value(v).map_err(|e| {
+        // The parser's message quotes what it refused: repeated only as far
+        // as an error may.
+        let message = e.to_string();
+        let message = tether_core::echo::text(&message);
         RestError::new(
             Code::ProtocolInvalidParams,
-            format!("invalid body: {e}"),
-            json!({"reason": "body_invalid", "message": e.to_string()}),
+            format!("invalid body: {message}"),
+            json!({"reason": "body_invalid", "message": message}),
         )
     })
 }

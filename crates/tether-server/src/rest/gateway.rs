@@ -17,7 +17,7 @@ use tether_core::canonical;
 use tether_core::catalogue;
 use tether_core::ids::{self, CommandId};
 use tether_core::receipt::now_ms;
-use tether_core::Code;
+use tether_core::{echo, Code};
 use tether_kernel::{
     deadline_from_ms, ApiError, CancelToken, CommandOptions, CommandRequest, EstopRequest,
     EvidenceFault, Kernel, Principal, ReadRequest, Rider, RiderOutcome, Route, SessionOpen,
@@ -44,10 +44,11 @@ const RIDER_BOARDING_WAIT: Duration = Duration::from_millis(5);
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
 // The stop is a kernel command: the kernel refuses a deadline over DEADLINE_MS_MAX.
 const _: () = assert!(STOP_DEADLINE.as_millis() <= DEADLINE_MS_MAX as u128);
-/// Longest e-stop reason kept.
-const REASON_CHARS_MAX: usize = 512;
-// A reason the estop tool's schema accepts is kept whole.
-const _: () = assert!(REASON_CHARS_MAX >= crate::tools::ESTOP_REASON_CHARS_MAX);
+// A reason the estop tool's schema accepts is kept whole: the kernel's text
+// bound (`limits.text_chars_max`), to which an e-stop reason is cut, is
+// never smaller.
+const _: () =
+    assert!(tether_kernel::bounds::TEXT_CHARS_MIN >= crate::tools::ESTOP_REASON_CHARS_MAX);
 
 /// The body of `POST /tools/{id}:invoke`. A member may be absent but never
 /// `null` (strict: `null` is not a value of any of them).
@@ -132,8 +133,8 @@ impl Gateway {
             .ok_or_else(|| {
                 RestError::new(
                     Code::CapabilityUnknown,
-                    format!("no tool `{name}`; GET /tools lists them"),
-                    json!({"tool_id": name}),
+                    format!("no tool `{}`; GET /tools lists them", echo::id(name)),
+                    json!({"tool_id": echo::id(name)}),
                 )
             })
     }
@@ -349,8 +350,11 @@ impl Gateway {
             if !self.kernel.device_ids().iter().any(|x| x == d) {
                 return Err(RestError::new(
                     Code::DeviceUnknown,
-                    format!("no device `{d}` is served here; nothing was stopped"),
-                    json!({"device_id": d}),
+                    format!(
+                        "no device `{}` is served here; nothing was stopped",
+                        echo::id(d)
+                    ),
+                    json!({"device_id": echo::id(d)}),
                 ));
             }
         }
@@ -359,7 +363,7 @@ impl Gateway {
             .and_then(Value::as_str)
             .unwrap_or("e-stop (REST)")
             .chars()
-            .take(REASON_CHARS_MAX)
+            .take(self.kernel.text_chars_max())
             .collect();
         let receipt = self
             .kernel
@@ -532,11 +536,10 @@ impl Gateway {
             });
         if !inserted {
             return Err(RestError::new(
-                Code::ProtocolInternal,
+                Code::ProtocolLimit,
                 "too many invocations are pending; retry later",
                 json!({"reason": "too_many_pending_invocations", "limit": invocations::PENDING_MAX}),
-            )
-            .with_status(StatusCode::SERVICE_UNAVAILABLE));
+            ));
         }
         Ok(self.kernel.invocation_rider(&inv_id, event))
     }
@@ -628,8 +631,8 @@ impl Gateway {
         let unknown = || {
             RestError::new(
                 Code::OperationUnknown,
-                format!("no invocation `{inv_id}` for this caller"),
-                json!({"invocation_id": inv_id}),
+                format!("no invocation `{}` for this caller", echo::id(inv_id)),
+                json!({"invocation_id": echo::id(inv_id)}),
             )
         };
         let in_memory = self
@@ -790,7 +793,7 @@ fn estop_input_defect(input: &Value) -> Option<String> {
         .keys()
         .find(|k| !matches!(k.as_str(), "device_id" | "reason"))
     {
-        return Some(format!("unknown member `{name}`"));
+        return Some(format!("unknown member `{}`", echo::id(name)));
     }
     crate::rpc::estop_params_defect(input)
 }

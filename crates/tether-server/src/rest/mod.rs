@@ -38,7 +38,7 @@ use gateway::{ControlBody, Gateway, InvokeBody};
 use invocations::Form;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tether_core::Code;
+use tether_core::{echo, Code};
 use tether_kernel::{Kernel, Principal};
 
 /// The OpenAPI 3 document of these routes, hand-written and served as is.
@@ -233,8 +233,8 @@ fn segment(path: Result<Path<String>, PathRejection>) -> Result<String, RestErro
 fn no_route(path: &str) -> RestError {
     RestError::new(
         Code::ProtocolMethodNotFound,
-        format!("no route `{path}`"),
-        json!({"path": path}),
+        format!("no route `{}`", echo::text(path)),
+        json!({"path": echo::text(path)}),
     )
 }
 
@@ -367,8 +367,8 @@ pub(crate) async fn not_found(uri: axum::http::Uri) -> Response {
 pub(crate) async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     RestError::new(
         Code::ProtocolMethodNotFound,
-        format!("method not allowed on `{}`", uri.path()),
-        json!({"path": uri.path(), "reason": "method_not_allowed"}),
+        format!("method not allowed on `{}`", echo::text(uri.path())),
+        json!({"path": echo::text(uri.path()), "reason": "method_not_allowed"}),
     )
     .with_status(StatusCode::METHOD_NOT_ALLOWED)
     .into_response()

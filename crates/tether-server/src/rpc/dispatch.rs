@@ -13,7 +13,7 @@ use super::params::{
     ResetParams, SessionParams, StatusParams, WriteParams,
 };
 use serde_json::{json, Value};
-use tether_core::Code;
+use tether_core::{echo, Code};
 use tether_kernel::{Answer, ApiError, CommandOptions, Kernel, Principal};
 
 /// Routes one method. Commands and writes answer with the kernel's
@@ -57,8 +57,8 @@ pub(super) async fn dispatch(
 fn method_not_found(kernel: &Kernel, p: &Principal, method: &str) -> ApiError {
     ApiError::new(
         Code::ProtocolMethodNotFound,
-        format!("no method `{method}`"),
-        json!({"method": method, "methods": kernel.hello(p)["methods"].clone()}),
+        format!("no method `{}`", echo::id(method)),
+        json!({"method": echo::id(method), "methods": kernel.hello(p)["methods"].clone()}),
     )
 }
 
@@ -182,7 +182,7 @@ async fn approvals(
     match method {
         "mhs.approvals.list" => {
             let q: ApprovalListParams = parse(params)?;
-            kernel.approvals_list(p, q.status.as_deref())
+            kernel.approvals_list(p, q.status.as_deref(), q.limit, q.cursor.as_deref())
         }
         "mhs.approvals.get" => {
             let q: ApprovalGetParams = parse(params)?;
@@ -209,11 +209,11 @@ fn operations(
     match method {
         "mhs.operations.get" => {
             let q: OperationParams = parse(params)?;
-            kernel.operation_get(&q.operation_id)
+            kernel.operation_get(p, &q.operation_id)
         }
         "mhs.operations.cancel" => {
             let q: OperationParams = parse(params)?;
-            kernel.operation_cancel(&q.operation_id)
+            kernel.operation_cancel(p, &q.operation_id)
         }
         other => Err(method_not_found(kernel, p, other)),
     }

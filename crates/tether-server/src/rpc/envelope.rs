@@ -12,7 +12,7 @@ use super::estop::{estop_target, lenient_parse, names_estop_loosely, serve_malfo
 use super::reply::{api_error_response, Reply};
 use serde_json::{json, Value};
 use tether_core::json::parse_strict;
-use tether_core::Code;
+use tether_core::{echo, Code};
 use tether_kernel::{Kernel, Principal};
 
 /// The answer to a request longer than [`crate::REQUEST_BYTES_MAX`], of
@@ -139,6 +139,14 @@ pub async fn handle_value(kernel: &Kernel, principal: &Principal, value: Value) 
     }
 }
 
+/// Longest string `id` a request may carry: every answer repeats it, so an
+/// answer never grows with a request's id beyond what an error may echo.
+const REQUEST_ID_CHARS_MAX: usize = echo::TEXT_ECHO_CHARS_MAX;
+
+fn id_fits(id: &str) -> bool {
+    id.char_indices().nth(REQUEST_ID_CHARS_MAX).is_none()
+}
+
 /// The first defect of a JSON-RPC envelope, as `(details.reason, message)`.
 fn envelope_defect(obj: &serde_json::Map<String, Value>) -> Option<(&'static str, String)> {
     if obj.get("jsonrpc") != Some(&json!("2.0")) {
@@ -151,16 +159,26 @@ fn envelope_defect(obj: &serde_json::Map<String, Value>) -> Option<(&'static str
                 "notifications are not supported; every request needs an id".into(),
             ))
         }
-        Some(Value::String(_)) => {}
+        Some(Value::String(s)) if id_fits(s) => {}
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {}
-        Some(_) => return Some(("id_invalid", "id must be a string or an integer".into())),
+        Some(_) => {
+            return Some((
+                "id_invalid",
+                format!(
+                    "id must be a string of at most {REQUEST_ID_CHARS_MAX} characters or an integer"
+                ),
+            ))
+        }
     }
     if !obj.get("method").is_some_and(Value::is_string) {
         return Some(("method_missing", "method must be a string".into()));
     }
     for k in obj.keys() {
         if !matches!(k.as_str(), "jsonrpc" | "id" | "method" | "params") {
-            return Some(("unknown_member", format!("unknown envelope member `{k}`")));
+            return Some((
+                "unknown_member",
+                format!("unknown envelope member `{}`", echo::id(k)),
+            ));
         }
     }
     None
@@ -169,7 +187,7 @@ fn envelope_defect(obj: &serde_json::Map<String, Value>) -> Option<(&'static str
 /// The request's id when it is a valid one, else `null` (for the answer).
 fn usable_id(obj: &serde_json::Map<String, Value>) -> Value {
     match obj.get("id") {
-        Some(Value::String(s)) => json!(s),
+        Some(Value::String(s)) if id_fits(s) => json!(s),
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
         _ => Value::Null,
     }

@@ -8,11 +8,9 @@
 
 use serde_json::{json, Value};
 use tether_core::catalogue;
-use tether_core::Code;
+use tether_core::{echo, Code};
 use tether_kernel::{deadline_from_ms, ApiError, EstopRequest, Kernel, Principal};
 
-/// Longest e-stop reason kept (the rest is cut, never refused).
-const REASON_CHARS_MAX: usize = 512;
 /// Entries of `device_ids` looked at, at most (the rest is ignored).
 const DEVICE_IDS_MAX: usize = 1024;
 
@@ -73,7 +71,7 @@ pub(super) async fn serve_malformed_estop(
         .and_then(Value::as_str)
         .unwrap_or("e-stop")
         .chars()
-        .take(REASON_CHARS_MAX)
+        .take(kernel.text_chars_max())
         .collect::<String>();
     kernel
         .estop(EstopRequest {
@@ -100,8 +98,8 @@ fn estop_request(
         Some(id) => {
             error = Some(ApiError::new(
                 Code::DeviceUnknown,
-                format!("no device `{id}` is served here"),
-                json!({"device_id": id}),
+                format!("no device `{}` is served here", echo::id(id)),
+                json!({"device_id": echo::id(id)}),
             ));
         }
         None => {}
@@ -117,7 +115,7 @@ fn estop_request(
         .and_then(Value::as_str)
         .unwrap_or("")
         .chars()
-        .take(REASON_CHARS_MAX)
+        .take(kernel.text_chars_max())
         .collect();
     let session_id = params
         .get("session_id")
@@ -203,7 +201,7 @@ async fn serve_estop_with_defective_params(
         .and_then(Value::as_str)
         .unwrap_or("e-stop")
         .chars()
-        .take(REASON_CHARS_MAX)
+        .take(kernel.text_chars_max())
         .collect::<String>();
     let receipt = kernel
         .estop(EstopRequest {

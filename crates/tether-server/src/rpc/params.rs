@@ -20,10 +20,14 @@ use tether_kernel::{
 /// `params` as `T`, or `MHS.PROTOCOL.INVALID_PARAMS` saying why not.
 pub(super) fn parse<T: DeserializeOwned>(params: Value) -> Result<T, ApiError> {
     serde_json::from_value(params).map_err(|e| {
+        // The parser's message quotes what it refused (a member's name, a
+        // value): the caller's text, repeated only as far as an error may.
+        let message = e.to_string();
+        let message = tether_core::echo::text(&message);
         ApiError::new(
             Code::ProtocolInvalidParams,
-            format!("invalid params: {e}"),
-            json!({"reason": "params_invalid", "message": e.to_string()}),
+            format!("invalid params: {message}"),
+            json!({"reason": "params_invalid", "message": message}),
         )
     })
 }
@@ -291,12 +295,16 @@ pub(super) struct GrantParams {
     pub input: Option<Value>,
 }
 
-/// `mhs.approvals.list`.
+/// `mhs.approvals.list`: a status filter and one page (`limit`, `cursor`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ApprovalListParams {
     #[serde(default)]
     pub status: Option<String>,
+    #[serde(default)]
+    pub limit: Option<u64>,
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
 
 /// `mhs.approvals.get`.
