@@ -1,0 +1,120 @@
+//! Real protocol peers for the driver tests (issue 18): the pinned Python
+//! (pymodbus, paho-mqtt, asyncua from `tests/peers/requirements.txt`, in the
+//! `py-peers` virtualenv under the target directory that `.ci/run` fills),
+//! Debian's `mosquitto` broker, and free loopback ports. Every wait bounded.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long installing the pinned peers may take on a cold machine.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// This package's directory.
+pub fn package_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory of peer programs and their requirements.
+pub fn peers_dir() -> PathBuf {
+    package_dir().join("tests/peers")
+}
+
+/// The workspace's target directory.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { package_dir().join("../..").join(p) })
+        .unwrap_or_else(|| package_dir().join("../../target"))
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn run_bounded(what: &str, cmd: &mut Command) -> Result<(), String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{what}: {e}"))?;
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return if status.success() {
+                Ok(())
+            } else {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                Err(format!("{what} failed ({status}): {err}"))
+            };
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            return Err(format!("{what} did not finish within {SETUP_TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn setup_python() -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var("TETHER_PEERS_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    let requirements = peers_dir().join("requirements.txt");
+    let pinned = std::fs::read_to_string(&requirements)
+        .map_err(|e| format!("reading {}: {e}", requirements.display()))?;
+    let venv = target_dir().join("py-peers");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("tether-requirements.txt");
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&pinned) {
+        return Ok(python);
+    }
+    if !python.exists() {
+        let base = ["python3.11", "python3"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+            .ok_or("no python3 on PATH: install Python 3.10+ (the driver tests start Python peers)")?;
+        run_bounded("creating the peers virtualenv", Command::new(base).args(["-m", "venv"]).arg(&venv))?;
+    }
+    run_bounded(
+        "pip install -r tests/peers/requirements.txt",
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+            .arg(&requirements),
+    )?;
+    std::fs::write(&stamp, &pinned).map_err(|e| format!("writing {}: {e}", stamp.display()))?;
+    Ok(python)
+}
+
+/// The Python with the pinned peers (set up once per test binary).
+pub fn python() -> &'static Path {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match PYTHON.get_or_init(setup_python) {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "the driver tests need pymodbus, paho-mqtt and asyncua and could not set them up:\n{e}\n\
+             (set TETHER_PEERS_PYTHON to a Python with `pip install -r crates/tether-cli/tests/peers/requirements.txt` done)"
+        ),
+    }
+}
+
+/// The mosquitto broker binary (Debian installs it in /usr/sbin, which is
+/// not on every PATH).
+pub fn mosquitto() -> PathBuf {
+    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
+        if Path::new(p).exists() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!("the MQTT driver tests need the mosquitto broker: apt-get install mosquitto")
+}
