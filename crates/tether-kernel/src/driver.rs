@@ -59,6 +59,20 @@ impl InterlockState {
     }
 }
 
+/// A driver's link to its device (a network peer): what `mhs.devices.list`,
+/// `mhs.safety.status` and `GET /healthz` show, and what the kernel latches
+/// on when it stays down longer than the device's watchdog period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Whether the driver holds a working connection to the device now.
+    pub connected: bool,
+    /// Wall-clock ms since which `connected` has held its current value.
+    pub since_ms: u64,
+    /// The last native failure seen on the link (filtered, for people),
+    /// kept after a reconnect so an operator can see what happened.
+    pub last_error: Option<String>,
+}
+
 /// Cooperative cancellation flag shared by the kernel and a running call.
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken {
@@ -115,5 +129,11 @@ pub trait Driver: Send + Sync + 'static {
     /// unknown, which blocks like open.
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
         Vec::new()
+    }
+
+    /// The link to the device, for drivers that speak to a network peer;
+    /// `None` for in-process simulators (nothing to lose). Must be quick.
+    fn link(&self) -> Option<Link> {
+        None
     }
 }

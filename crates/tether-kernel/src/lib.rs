@@ -56,7 +56,7 @@ pub use check::policy;
 pub use dispatch::answer::Answer;
 pub use dispatch::authorized::{Authorized, CallKind};
 pub use dispatch::rider::{Rider, RiderOutcome};
-pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Signal};
+pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
 pub use kernel::{Kernel, KernelConfig, Principal, PrincipalKind, StartError};
 pub use request::{
     deadline_from_ms, ApiError, ArmRequest, CommandOptions, CommandRequest, EstopRequest,
