@@ -9,6 +9,7 @@ mod common;
 #[path = "common/peers.rs"]
 mod peers;
 
+use common::mcp_http::*;
 use common::*;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
@@ -550,4 +551,28 @@ fn check_reports_every_mapping_defect_with_file_device_and_field() {
             "{line}"
         );
     }
+}
+
+#[test]
+fn a_model_over_mcp_moves_the_heater_and_an_out_of_limit_call_writes_nothing() {
+    let r = rig(true);
+    let addr = mcp_addr(&r.tether);
+    let sid = mcp_session(addr, AGENT);
+    let call = |id: u64, t: f64| {
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "heater-1__setpoint", "arguments": {"target_temperature": t}}});
+        mcp_post(addr, AGENT, Some(&sid), &msg).0
+    };
+    let refused = call(2, 120.0);
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(
+        r.heater.command_writes().is_empty(),
+        "an out-of-limit call writes nothing"
+    );
+    let done = call(3, 55.5);
+    assert_ne!(done["result"]["isError"], true, "{done}");
+    let writes = r.heater.command_writes();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert_eq!(writes[0]["values"], json!([555]));
+    assert_eq!(writes[1]["values"], json!([true]));
 }

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod mcp_http;
+
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
