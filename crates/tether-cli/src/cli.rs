@@ -87,6 +87,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Read every mapped field, interlock and watchdog point of a network
+    /// device from the live device, in declared units beside the raw native
+    /// values. Writes nothing: how to check a register map before letting an
+    /// agent near the machine.
+    Probe {
+        /// Device id.
+        device: String,
+        /// Endpoint config (TOML) that serves the device.
+        #[arg(long)]
+        config: PathBuf,
+        /// Bound on connecting and on each read, in ms.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+        timeout_ms: u64,
+    },
     /// Export or verify the evidence chain.
     Audit {
         #[command(subcommand)]

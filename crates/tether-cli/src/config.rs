@@ -450,6 +450,15 @@ pub fn load_cell(loaded: &Loaded) -> Result<Cell, Vec<Defect>> {
                 ),
             });
         }
+        // The register map (or topic or node map) of a network driver.
+        for (field, message) in tether_drivers::check_map(&d.manifest) {
+            defects.push(Defect {
+                file: d.origin.clone(),
+                device: d.manifest.device_id.clone(),
+                field,
+                message,
+            });
+        }
     }
     if defects.is_empty() {
         Ok(cell)

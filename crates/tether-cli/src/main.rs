@@ -52,7 +52,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Check { .. } | Command::Describe { .. } | Command::Codes | Command::Audit { .. }
+        Command::Check { .. }
+            | Command::Describe { .. }
+            | Command::Probe { .. }
+            | Command::Codes
+            | Command::Audit { .. }
     ) {
         die_quietly_on_closed_pipe();
     }
@@ -97,6 +101,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config,
             json,
         } => describe::describe(&device, config, json),
+        Command::Probe {
+            device,
+            config,
+            timeout_ms,
+        } => describe::probe(&device, &config, timeout_ms),
         Command::Audit { action } => audit::audit(action),
         Command::Estop {
             device,

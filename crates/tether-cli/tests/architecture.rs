@@ -87,7 +87,12 @@ const ALLOWED_NORMAL_DEPS: &[(&str, &[&str])] = &[
             "tether-store",
         ],
     ),
-    ("tether-drivers", &["tether-core", "tether-kernel"]),
+    // Drivers convert native units to declared ones at their boundary with
+    // the one unit table (tether_limits::units); they never call the engine.
+    (
+        "tether-drivers",
+        &["tether-core", "tether-kernel", "tether-limits"],
+    ),
     ("tether-server", &["tether-core", "tether-kernel"]),
     (
         "tether-cli",

@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod arm;
+pub mod modbus;
 pub mod relay;
 pub mod remote;
 pub mod simproc;
@@ -44,7 +45,66 @@ pub fn builtin_cell() -> Vec<ManifestSource> {
 }
 
 /// Driver kinds this crate can build.
-pub const KINDS: &[&str] = &["sim.thermostat", "sim.arm", "sim.relay", "remote.arm"];
+pub const KINDS: &[&str] = &[
+    "sim.thermostat",
+    "sim.arm",
+    "sim.relay",
+    "remote.arm",
+    modbus::KIND,
+];
+
+/// Wall-clock milliseconds since the epoch (0 before 1970).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One reading of `tether probe`: a mapped field, interlock or watchdog
+/// point read from the live device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeRow {
+    /// What it is (`main.setpoint`, `interlock lid`, `watchdog`).
+    pub name: String,
+    /// The native point (`holding:0`, a topic, a node id).
+    pub point: String,
+    /// The declared unit of `declared`.
+    pub unit: Option<String>,
+    /// The device's own unit of `raw`.
+    pub native_unit: Option<String>,
+    /// The value in the declared unit (`closed`/`open` for an interlock).
+    pub declared: serde_json::Value,
+    /// The raw native value.
+    pub raw: serde_json::Value,
+    /// Why it could not be read.
+    pub error: Option<String>,
+}
+
+/// Mapping defects of a manifest's `[driver_config]`, for `tether check`:
+/// (path under the manifest, message). Simulated kinds check their config
+/// when built; network kinds report every defect here.
+pub fn check_map(manifest: &DeviceManifest) -> Vec<(String, String)> {
+    match manifest.driver.as_str() {
+        modbus::KIND => modbus::check(manifest),
+        _ => Vec::new(),
+    }
+}
+
+/// Reads every mapped point of a network device once, writing nothing.
+///
+/// # Errors
+/// A driver kind with nothing to probe, a bad map, or an unreachable device.
+pub async fn probe(
+    manifest: &DeviceManifest,
+    timeout: std::time::Duration,
+) -> Result<Vec<ProbeRow>, String> {
+    match manifest.driver.as_str() {
+        modbus::KIND => modbus::probe::probe(manifest, timeout).await,
+        other => Err(format!(
+            "driver kind `{other}` has no device to probe (simulated or not a network driver)"
+        )),
+    }
+}
 
 /// Where simulator controls live: `<state_dir>/sim-control/<device_id>.json`,
 /// written by `tether sim` and read by the simulated drivers. A file, not a
@@ -95,6 +155,7 @@ pub fn build_with(manifest: &DeviceManifest, env: &SimEnv) -> Result<Arc<dyn Dri
         )),
         "sim.relay" => Ok(Arc::new(relay::SimRelay::new(&cfg)?)),
         "remote.arm" => Ok(Arc::new(remote::RemoteArm::new(&cfg)?)),
+        modbus::KIND => Ok(Arc::new(modbus::ModbusTcp::new(manifest)?)),
         other => Err(format!(
             "unknown driver kind `{other}` (known: {})",
             KINDS.join(", ")

@@ -35,6 +35,25 @@ pub enum Signal {
         /// For people.
         message: String,
     },
+    /// A failure the device reported: nothing happened. `native` (the
+    /// native code, the writes made) goes to the receipt's details; the
+    /// driver filters it, never forwarding a peer's text unbounded.
+    NativeFailed {
+        /// Short machine reason.
+        reason: String,
+        /// For people.
+        message: String,
+        /// What the device said, as data.
+        native: Value,
+    },
+    /// The effect may have happened in part: `native` says what was done
+    /// (for example the writes of a target made before one failed).
+    NativeUnknown {
+        /// For people.
+        message: String,
+        /// What is known to have been done, as data.
+        native: Value,
+    },
 }
 
 /// An interlock reading.

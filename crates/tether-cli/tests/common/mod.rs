@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod mcp_http;
+
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -60,6 +62,17 @@ impl Server {
 
     /// Starts the binary with extra `serve` arguments (e.g. `--config FILE`).
     pub fn start_with(transport: Transport, dir: Option<&Path>, extra: &[&OsStr]) -> Server {
+        Self::start_with_env(transport, dir, extra, &[])
+    }
+
+    /// `start_with`, with extra environment variables (e.g. token variables
+    /// a config names).
+    pub fn start_with_env(
+        transport: Transport,
+        dir: Option<&Path>,
+        extra: &[&OsStr],
+        env: &[(&str, &str)],
+    ) -> Server {
         let (tmp, state_dir) = match dir {
             Some(d) => (None, d.to_path_buf()),
             None => {
@@ -72,7 +85,8 @@ impl Server {
         cmd.arg("serve")
             .arg("--state-dir")
             .arg(&state_dir)
-            .args(extra);
+            .args(extra)
+            .envs(env.iter().copied());
         match transport {
             Transport::Http => {
                 cmd.args(["--http", "127.0.0.1:0"])

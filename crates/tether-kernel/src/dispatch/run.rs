@@ -78,6 +78,28 @@ pub(crate) fn signal_outcome(s: Signal) -> (Status, Option<Value>, Option<Refusa
                 json!({"reason": reason}),
             )),
         ),
+        Signal::NativeFailed {
+            reason,
+            message,
+            native,
+        } => (
+            Status::Failed,
+            None,
+            Some(Refusal::new(
+                Code::AdapterDriverFailed,
+                message,
+                json!({"reason": reason, "native": native}),
+            )),
+        ),
+        Signal::NativeUnknown { message, native } => (
+            Status::Unknown,
+            None,
+            Some(Refusal::new(
+                Code::OutcomeUnknown,
+                message,
+                json!({"reason": "driver_outcome_unknown", "native": native}),
+            )),
+        ),
         Signal::Busy => (
             Status::Rejected,
             None,
@@ -104,7 +126,10 @@ pub(crate) fn signal_text(s: &Signal) -> String {
         Signal::Cancelled => "cancelled".into(),
         Signal::Failed { message, .. } => message.clone(),
         Signal::Busy => "busy".into(),
-        Signal::OutcomeUnknown { message } => message.clone(),
+        Signal::OutcomeUnknown { message } | Signal::NativeUnknown { message, .. } => {
+            message.clone()
+        }
+        Signal::NativeFailed { message, .. } => message.clone(),
     }
 }
 

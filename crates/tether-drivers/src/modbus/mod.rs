@@ -1,0 +1,219 @@
+//! `modbus.tcp`: a device on Modbus TCP, described entirely by its manifest.
+//!
+//! **Owns:** the `Driver` implementation over a register map (`map`), the
+//! value codec (`codec`), bounded connections (`lane`), the mirror, link and
+//! watchdog feed (`shared`), the I/O tasks (`tasks`) and `tether probe`'s
+//! reading (`probe`). The driver runs its I/O on a thread of its own (a
+//! current-thread runtime): drivers are built before the endpoint's runtime,
+//! and a device's I/O must not depend on how busy the endpoint is.
+//! **Never here:** decisions, clamping, rounding, retries of a write.
+//!
+//! The kernel's synchronous reads (`read`, `interlocks`) answer from the
+//! mirror: a reading older than `stale_ms` is unknown (and an unknown
+//! interlock blocks like an open one). `estop` hands the stop to the safety
+//! lane and waits for it within the stop's own deadline.
+
+pub mod codec;
+pub mod lane;
+pub mod map;
+pub mod probe;
+pub mod shared;
+pub mod tasks;
+
+use map::Map;
+use serde_json::{Map as JsonMap, Value};
+use shared::Shared;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tasks::Lanes;
+use tether_core::manifest::DeviceManifest;
+use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
+
+/// The driver kind in manifests.
+pub const KIND: &str = "modbus.tcp";
+
+/// How long a call may run when the kernel gives no deadline (it always
+/// does; this only bounds the wait if it ever did not).
+const CALL_MAX: Duration = Duration::from_secs(30);
+/// How long starting the driver's runtime thread may take.
+const START_MAX: Duration = Duration::from_secs(5);
+
+/// A Modbus TCP device.
+pub struct ModbusTcp {
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    addr: SocketAddr,
+    runtime: tokio::runtime::Handle,
+    // Dropping it ends the runtime thread, and with it every task.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for ModbusTcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModbusTcp")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+/// Mapping defects of a manifest, as `tether check` reports them.
+pub fn check(manifest: &DeviceManifest) -> Vec<map::MapDefect> {
+    Map::of(manifest).err().unwrap_or_default()
+}
+
+/// Starts a current-thread runtime on a thread of its own.
+fn start_runtime(
+    name: &str,
+) -> Result<(tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>), String> {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(format!("modbus-{name}"))
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => {
+                    let _ = tx.send(Ok(rt.handle().clone()));
+                    rt.block_on(async {
+                        let _ = stop_rx.await;
+                    });
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the driver thread: {e}"))?;
+    let handle = rx
+        .recv_timeout(START_MAX)
+        .map_err(|_| "the driver thread did not start".to_owned())??;
+    Ok((handle, stop_tx))
+}
+
+impl ModbusTcp {
+    /// Builds the driver: checks the map and starts polling (the device may
+    /// be down: the driver starts anyway and reports the link).
+    ///
+    /// # Errors
+    /// Every mapping defect, one a line.
+    pub fn new(manifest: &DeviceManifest) -> Result<Self, String> {
+        let map = Map::of(manifest).map_err(|d| {
+            d.iter()
+                .map(|(at, msg)| format!("{at}: {msg}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })?;
+        let addr: SocketAddr = map
+            .address
+            .parse()
+            .map_err(|_| format!("driver_config.address `{}` is not host:port", map.address))?;
+        let (runtime, stop) = start_runtime(&manifest.device_id)?;
+        let shared = Arc::new(Shared::new(map));
+        let lanes = Arc::new(Lanes::new(&shared, addr));
+        runtime.spawn(tasks::poll_loop(Arc::downgrade(&shared), addr));
+        runtime.spawn(tasks::feed_loop(
+            Arc::downgrade(&shared),
+            Arc::downgrade(&lanes),
+        ));
+        Ok(Self {
+            shared,
+            lanes,
+            addr,
+            runtime,
+            _stop: stop,
+        })
+    }
+}
+
+fn unknown(message: String) -> Signal {
+    Signal::OutcomeUnknown { message }
+}
+
+impl Driver for ModbusTcp {
+    fn read(&self, call: &Authorized) -> Result<Value, Signal> {
+        let mut doc = JsonMap::new();
+        for f in self.shared.map.fields(call.resource()) {
+            let native = self
+                .shared
+                .fresh(f.point.table, f.point.address)
+                .map_err(|e| {
+                    unknown(format!(
+                        "`{}` ({}) is unknown: {e}",
+                        f.name,
+                        f.point.label()
+                    ))
+                })?;
+            let v = f
+                .point
+                .decode(&native)
+                .map_err(|e| unknown(format!("`{}`: {e}", f.name)))?;
+            doc.insert(f.name.clone(), v);
+        }
+        Ok(Value::Object(doc))
+    }
+
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+        let writes = self.shared.map.targets.get(call.target()).cloned();
+        let until = call.deadline().unwrap_or_else(|| Instant::now() + CALL_MAX);
+        let (s, l) = (self.shared.clone(), self.lanes.clone());
+        let input = (call.capability_id().to_owned(), call.input().clone());
+        let target = call.target().to_owned();
+        Box::pin(async move {
+            let Some(writes) = writes else {
+                return Err(Signal::Failed {
+                    reason: "unknown_target".into(),
+                    message: format!("the register map has no target `{target}`"),
+                });
+            };
+            let task = self
+                .runtime
+                .spawn(tasks::run_call(s, l, writes, input, cancel, until));
+            task.await
+                .unwrap_or_else(|_| Err(unknown("the driver's call task ended abnormally".into())))
+        })
+    }
+
+    fn estop(&self, call: &Authorized) -> Result<(), Signal> {
+        let until = call
+            .deadline()
+            .unwrap_or_else(|| Instant::now() + self.shared.map.request_timeout);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let stopping = tasks::stop(self.shared.clone(), self.lanes.clone(), self.addr, until);
+        self.runtime.spawn(async move {
+            let _ = tx.send(stopping.await);
+        });
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(_) => Err(unknown(format!(
+                "the native stop was not confirmed by {} within its deadline",
+                self.addr
+            ))),
+        }
+    }
+
+    fn interlocks(&self) -> Vec<(String, InterlockState)> {
+        self.shared
+            .map
+            .interlocks
+            .iter()
+            .map(|il| {
+                let state = match (
+                    self.shared.fresh(il.point.table, il.point.address),
+                    il.point.encode(&il.closed),
+                ) {
+                    (Ok(reading), Ok(closed)) if reading == closed => InterlockState::Closed,
+                    (Ok(_), Ok(_)) => InterlockState::Open,
+                    _ => InterlockState::Unknown,
+                };
+                (il.id.clone(), state)
+            })
+            .collect()
+    }
+
+    fn link(&self) -> Option<Link> {
+        Some(self.shared.link())
+    }
+}
