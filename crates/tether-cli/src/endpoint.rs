@@ -1,7 +1,7 @@
 //! Starting an endpoint, shared by `tether serve` and `tether mcp`: logging,
 //! the config read and checked (defects printed, exit 2), the evidence store,
-//! the kernel with its governed-stop watcher and session reaper, and the
-//! stdio caller's principal.
+//! the kernel with its governed-stop watcher, session reaper and link
+//! monitor, and the stdio caller's principal.
 
 use crate::check::print_defects;
 use crate::config;
@@ -17,8 +17,8 @@ use tether_store::SqliteStore;
 const _: () = assert!(config::APPROVAL_TTL_S_MAX <= u64::MAX / 1000);
 
 /// A kernel ready to serve, with the background work every endpoint runs.
-/// Field order is drop order: the watcher and the reaper stop before the
-/// runtime they run on.
+/// Field order is drop order: the watcher, the reaper and the link monitor
+/// stop before the runtime they run on.
 pub struct Endpoint {
     pub kernel: Kernel,
     pub auth: tether_server::auth::Authenticator,
@@ -28,6 +28,7 @@ pub struct Endpoint {
     pub mcp_sessions: tether_server::mcp::http::SessionBounds,
     _watcher: tether_kernel::governed::StopWatcher,
     _reaper: tokio::task::JoinHandle<()>,
+    _link_monitor: Option<tokio::task::JoinHandle<()>>,
     pub runtime: tokio::runtime::Runtime,
 }
 
@@ -70,8 +71,8 @@ pub fn prepare(config_path: Option<&Path>) -> Result<Prepared, ExitCode> {
     Ok((loaded, cell, auth))
 }
 
-/// Opens the store, starts the kernel, the governed-stop watcher and the
-/// session reaper.
+/// Opens the store, starts the kernel, the governed-stop watcher, the
+/// session reaper and the link monitor.
 pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpoint> {
     let (loaded, cell, auth) = prepared;
     let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
@@ -121,6 +122,9 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         .context("starting the governed-stop watcher")?;
     // Expired sessions get their operations cancelled and safe states run.
     let reaper = kernel.start_session_reaper(runtime.handle());
+    // A physical device whose link stays down past its watchdog period is
+    // latched; link changes are recorded (none to watch: `None`).
+    let link_monitor = kernel.start_link_monitor(runtime.handle());
     Ok(Endpoint {
         kernel,
         auth,
@@ -129,6 +133,7 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         mcp_sessions,
         _watcher: watcher,
         _reaper: reaper,
+        _link_monitor: link_monitor,
         runtime,
     })
 }

@@ -3,13 +3,20 @@
 //!
 //! `driver_config`: `address` (host:port of the controller, required),
 //! `lease_ms` (default 300), `park_speed_rad_s` (default 1.0).
+//!
+//! Its link ([`Driver::link`]) is the background status watch's: connected
+//! while the watch's last request was answered, since the watch last saw it
+//! change (down from the driver's start until the first answer), with the
+//! last failure as a fixed phrase (`connection refused`, `timed out`, …),
+//! never the operating system's or the controller's own text.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader as StdBufReader, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tether_core::receipt::now_ms;
 use tether_kernel::lease::{run_leased, LeasedController, Progress};
-use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Signal};
+use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -41,12 +48,12 @@ pub struct RemoteArm {
 }
 
 /// What the background watch knows of the controller.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Watch {
     state: Mutex<WatchState>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WatchState {
     /// The last status the controller answered, and when.
     last: Option<(Instant, Value)>,
@@ -54,6 +61,40 @@ struct WatchState {
     asking_since: Option<Instant>,
     /// Whether the watch's last request failed.
     failed: bool,
+    /// The link as the watch sees it: up while its last request was
+    /// answered; wall-clock ms of its last change; the last failure.
+    link_up: bool,
+    link_since_ms: u64,
+    last_error: Option<&'static str>,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(WatchState {
+                last: None,
+                asking_since: None,
+                failed: false,
+                // Down until the controller first answers.
+                link_up: false,
+                link_since_ms: now_ms(),
+                last_error: None,
+            }),
+        }
+    }
+}
+
+impl WatchState {
+    /// Notes one watch request's outcome on the link.
+    fn link_outcome(&mut self, outcome: Result<(), &'static str>) {
+        if outcome.is_ok() != self.link_up {
+            self.link_up = outcome.is_ok();
+            self.link_since_ms = now_ms();
+        }
+        if let Err(e) = outcome {
+            self.last_error = Some(e);
+        }
+    }
 }
 
 impl Watch {
@@ -95,11 +136,12 @@ fn spawn_watch(address: String, watch: &Arc<Watch>) {
                 return;
             };
             watch.lock().asking_since = Some(Instant::now());
-            let answer = request_blocking(&address, &status_request(), REQUEST_TIMEOUT);
+            let answer = try_request(&address, &status_request(), REQUEST_TIMEOUT);
             {
                 let mut s = watch.lock();
                 s.asking_since = None;
                 s.failed = answer.is_err();
+                s.link_outcome(answer.as_ref().map(|_| ()).map_err(|f| f.text()));
                 if let Ok(status) = answer {
                     s.last = Some((Instant::now(), status));
                 }
@@ -167,35 +209,83 @@ impl RemoteArm {
     }
 }
 
+/// Why a request to the controller failed.
+#[derive(Debug)]
+enum Fault {
+    /// The address does not parse.
+    BadAddress(String),
+    /// The exchange failed (connect, write, read).
+    Io(std::io::Error),
+    /// The connection closed before an answer.
+    Closed,
+    /// The answer is not JSON.
+    NotJson,
+}
+
+impl Fault {
+    /// A fixed phrase for people (the link's last error): never the operating
+    /// system's or the controller's text.
+    fn text(&self) -> &'static str {
+        use std::io::ErrorKind as K;
+        match self {
+            Fault::BadAddress(_) => "bad address",
+            Fault::Closed => "connection closed",
+            Fault::NotJson => "answer is not JSON",
+            Fault::Io(e) => match e.kind() {
+                K::ConnectionRefused => "connection refused",
+                K::TimedOut | K::WouldBlock => "timed out",
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => "connection reset",
+                K::UnexpectedEof => "connection closed",
+                K::AddrNotAvailable | K::NetworkUnreachable | K::HostUnreachable => "unreachable",
+                _ => "I/O error",
+            },
+        }
+    }
+
+    fn into_signal(self, address: &str) -> Signal {
+        match self {
+            Fault::BadAddress(e) => Signal::Failed {
+                reason: "bad_address".into(),
+                message: e,
+            },
+            Fault::NotJson => Signal::OutcomeUnknown {
+                message: "the controller's answer is not JSON".into(),
+            },
+            Fault::Closed => Signal::OutcomeUnknown {
+                message: format!("controller {address}: connection closed before an answer"),
+            },
+            Fault::Io(e) => Signal::OutcomeUnknown {
+                message: format!("controller {address} unreachable: {e}"),
+            },
+        }
+    }
+}
+
 /// One blocking request on a fresh connection, each step bounded by `timeout`.
 fn request_blocking(address: &str, req: &Value, timeout: Duration) -> Result<Value, Signal> {
-    let unreachable = |e: std::io::Error| Signal::OutcomeUnknown {
-        message: format!("controller {address} unreachable: {e}"),
-    };
+    try_request(address, req, timeout).map_err(|f| f.into_signal(address))
+}
+
+/// [`request_blocking`], failing with what went wrong.
+fn try_request(address: &str, req: &Value, timeout: Duration) -> Result<Value, Fault> {
     let addr = address
         .parse::<std::net::SocketAddr>()
-        .map_err(|e| Signal::Failed {
-            reason: "bad_address".into(),
-            message: e.to_string(),
-        })?;
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .map_err(unreachable)?;
-    stream
-        .set_write_timeout(Some(timeout))
-        .map_err(unreachable)?;
+        .map_err(|e| Fault::BadAddress(e.to_string()))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(Fault::Io)?;
+    stream.set_read_timeout(Some(timeout)).map_err(Fault::Io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(Fault::Io)?;
     let mut line = req.to_string();
     line.push('\n');
-    stream.write_all(line.as_bytes()).map_err(unreachable)?;
+    stream.write_all(line.as_bytes()).map_err(Fault::Io)?;
     let mut answer = String::new();
     let limited = std::io::Read::take(stream, crate::simproc::LINE_BYTES_MAX as u64);
-    StdBufReader::new(limited)
+    let read = StdBufReader::new(limited)
         .read_line(&mut answer)
-        .map_err(unreachable)?;
-    serde_json::from_str(&answer).map_err(|_| Signal::OutcomeUnknown {
-        message: "the controller's answer is not JSON".into(),
-    })
+        .map_err(Fault::Io)?;
+    if read == 0 {
+        return Err(Fault::Closed);
+    }
+    serde_json::from_str(&answer).map_err(|_| Fault::NotJson)
 }
 
 /// One leased motion over a persistent connection.
@@ -366,6 +456,15 @@ impl Driver for RemoteArm {
                 message: r.to_string(),
             })
         }
+    }
+
+    fn link(&self) -> Option<Link> {
+        let s = self.watch.lock();
+        Some(Link {
+            connected: s.link_up,
+            since_ms: s.link_since_ms,
+            last_error: s.last_error.map(str::to_owned),
+        })
     }
 
     fn interlocks(&self) -> Vec<(String, InterlockState)> {

@@ -63,3 +63,5 @@ pub use request::{
     EvidenceFault, GrantRequest, ReadRequest, ResetRequest, Route, SessionOpen, DEADLINE_MS_MAX,
 };
 pub use safety::governed;
+pub use safety::health::{Health, HEALTH_PROBE_FRESH_MS, HEALTH_PROBE_WAIT_MS};
+pub use safety::link::{link_poll_period, LINK_POLL_MS_MAX, LINK_POLL_MS_MIN};

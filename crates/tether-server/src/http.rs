@@ -87,11 +87,17 @@ async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> R
     }
 }
 
+/// 200 only while the store takes writes and every hardware or hybrid device
+/// is reachable; else 503, the body naming what is wrong
+/// (`Kernel::health`, bounded by its probe wait).
 async fn healthz(State(state): State<AppState>) -> Response {
-    json_response(
-        StatusCode::OK,
-        &json!({"ok": true, "uptime_s": state.kernel.uptime_s()}),
-    )
+    let health = state.kernel.health().await;
+    let status = if health.ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(status, &health.body)
 }
 
 /// Serves until `shutdown` resolves with the default listener settings

@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     pub started_ms: u64,
     /// Governed-stop watcher health.
     pub stop_watch: crate::safety::governed::WatchHealth,
+    /// What the awaited commits and the health probe say of the store's writes.
+    pub store_health: crate::safety::health::StoreHealth,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).
@@ -116,7 +118,9 @@ impl Kernel {
                 let _ = tx.send(r);
             }),
         );
-        rx.await.unwrap_or(Err(StoreError::Closed))
+        let r = rx.await.unwrap_or(Err(StoreError::Closed));
+        self.inner.store_health.observe(&r);
+        r
     }
 
     /// [`Kernel::commit`] for a commit the caller still needs afterwards (it
@@ -129,7 +133,9 @@ impl Kernel {
                 let _ = tx.send(r);
             }),
         );
-        rx.await.unwrap_or(Err(StoreError::Closed))
+        let r = rx.await.unwrap_or(Err(StoreError::Closed));
+        self.inner.store_health.observe(&r);
+        r
     }
 
     /// Queues a commit without waiting (reads and other no-effect records).

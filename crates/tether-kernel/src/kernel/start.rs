@@ -193,6 +193,7 @@ impl Kernel {
                 started: Instant::now(),
                 started_ms: now,
                 stop_watch: governed::WatchHealth::default(),
+                store_health: crate::safety::health::StoreHealth::default(),
             }),
         };
         kernel.record_start()?;

@@ -42,6 +42,7 @@ impl Kernel {
             "description": m.description,
             "fidelity": m.fidelity.as_ref().map(|f| json!({"kind": f.kind, "notes": f.notes})),
             "latched": dev.latched.load(Ordering::SeqCst),
+            "link": crate::safety::link::link_json(dev.driver.link().as_ref()),
             "resources": m.resources.iter().map(|r| json!({"resource": r.id, "revision": dev.revision(&r.id)})).collect::<Vec<_>>(),
             "capabilities": dev.spec.bindings.iter().map(|b| json!({"capability_id": b.capability_id, "resource": b.resource, "verb": b.verb.as_str(), "risk": b.risk.as_str(), "concurrency": Kernel::concurrency(b).as_str(), "stop_class": b.is_stop()})).collect::<Vec<_>>(),
         })

@@ -38,6 +38,8 @@ use tether_store::{Commit, EventDraft, LatchRow};
 
 /// Receipt capability id of an endpoint e-stop.
 pub const INTERNAL_ESTOP: &str = "cap.internal.safety_estop.v1";
+/// The source of an e-stop a caller asked for (in its latch row and entry).
+pub const SOURCE_ESTOP: &str = "estop";
 /// Longest the e-stop waits for its latch to become durable before it runs
 /// the stop path anyway, ms (and never more than half the stop budget).
 const LATCH_PERSIST_WAIT_MS_MAX: u64 = 100;
@@ -62,6 +64,9 @@ struct StopRequest<'a> {
     session_id: Option<String>,
     /// The command a bound e-stop class arrived as; `None` mints one.
     command_id: Option<&'a str>,
+    /// What tripped it: [`SOURCE_ESTOP`] for a request, another source for a
+    /// trip the kernel makes itself (`link.rs`: [`super::link::SOURCE_LINK`]).
+    source: &'a str,
     /// When the e-stop arrived: latencies and the stop budget count from it.
     t0: Instant,
 }
@@ -240,16 +245,37 @@ impl Kernel {
         session_id: Option<String>,
         command_id: Option<&str>,
     ) -> Value {
-        let t0 = Instant::now();
-        // Latch first, every device, before any driver I/O.
-        let latch_latency = self.latch_now(&targets, reason, t0);
         let stop = StopRequest {
             reason,
             by,
             session_id,
             command_id,
-            t0,
+            source: SOURCE_ESTOP,
+            t0: Instant::now(),
         };
+        self.stop_devices(targets, stop).await
+    }
+
+    /// A trip the kernel makes itself (a link lost past its watchdog
+    /// period): device `d`'s e-stop path, by no principal, its latch row and
+    /// entry naming `source`. Answers the e-stop receipt (also recorded).
+    pub(crate) async fn trip_device(&self, d: usize, reason: &str, source: &str) -> Value {
+        let reason = crate::bounds::cut(reason, self.inner.config.text_chars_max);
+        let stop = StopRequest {
+            reason: &reason,
+            by: None,
+            session_id: None,
+            command_id: None,
+            source,
+            t0: Instant::now(),
+        };
+        self.stop_devices(vec![d], stop).await
+    }
+
+    /// The e-stop path of `targets`: latch all, then stop each concurrently.
+    async fn stop_devices(&self, targets: Vec<usize>, stop: StopRequest<'_>) -> Value {
+        // Latch first, every device, before any driver I/O.
+        let latch_latency = self.latch_now(&targets, stop.reason, stop.t0);
         let stops = targets
             .iter()
             .zip(latch_latency)
@@ -350,12 +376,12 @@ impl Kernel {
         let latch_commit = Commit {
             events: vec![EventDraft {
                 kind: "safety.estop".into(),
-                body: json!({"device_id": dev.id(), "reason": stop.reason, "requested_by": stop.by.as_ref().map(Principal::to_json), "session_id": stop.session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
+                body: json!({"device_id": dev.id(), "reason": stop.reason, "source": stop.source, "requested_by": stop.by.as_ref().map(Principal::to_json), "session_id": stop.session_id, "cancelled_operations": cancelled, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
             }],
             latches: vec![LatchRow {
                 device_id: dev.id().to_owned(),
                 latched: true,
-                info: json!({"since_ms": info.since_ms, "reason": info.reason}),
+                info: json!({"since_ms": info.since_ms, "reason": info.reason, "source": stop.source}),
             }],
             approvals: revoked_approvals,
             ..Commit::default()

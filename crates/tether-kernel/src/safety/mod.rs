@@ -1,7 +1,9 @@
 //! The safety duties: the e-stop and its latch (`estop.rs`), the stop path
 //! (`stop_path.rs`), the governed stop shared by every process on a store
 //! (`governed.rs`), reset (`reset.rs`), arming (`arming.rs`), single-use
-//! safe-place grants (`grants.rs`) and the safety status (`status.rs`).
+//! safe-place grants (`grants.rs`), the safety status (`status.rs`), device
+//! links and the link-loss latch (`link.rs`) and the endpoint's health
+//! (`health.rs`, `GET /healthz`).
 //!
 //! **Owns:** everything that stops, and everything that may undo a stop.
 //! **Never belongs here:** the latch *check* of the evaluation order
@@ -16,6 +18,8 @@ pub(crate) mod arming;
 pub(crate) mod estop;
 pub mod governed;
 pub(crate) mod grants;
+pub(crate) mod health;
+pub(crate) mod link;
 pub(crate) mod reset;
 pub(crate) mod status;
 pub(crate) mod stop_path;

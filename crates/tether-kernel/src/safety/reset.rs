@@ -5,8 +5,9 @@
 //! that re-enables it.
 //!
 //! **Owns:** the refusals of a reset (nothing latched, a terminal stop, a
-//! newer stop tripped elsewhere, no operator for hardware, a stop still in
-//! flight, an open interlock, an operation still running), the durable reset
+//! newer stop tripped elsewhere, no operator for hardware, a physical
+//! device's link down, a stop still in flight, an open interlock, an
+//! operation still running), the durable reset
 //! row, and a reset overtaken by a stop while it was being made durable.
 //! **Never belongs here:** setting a latch (`estop.rs`, `governed.rs`),
 //! arming (`arming.rs`).
@@ -190,6 +191,17 @@ impl Kernel {
                 "only an authenticated operator may reset a hardware latch",
                 json!({"reason": "operator_required", "latched": true}),
             ));
+        }
+        // A physical device out of reach cannot be looked at; resetting it
+        // now would also end a link-loss latch before its outage did.
+        if dev.spec.manifest.mode.is_physical() {
+            if let Some(link) = dev.driver.link().filter(|l| !l.connected) {
+                return Some(Refusal::new(
+                    Code::SafetyResetRefused,
+                    "the device's link is down; reset it once the link is back",
+                    json!({"reason": "link_down", "link": crate::safety::link::link_json(Some(&link)), "latched": true}),
+                ));
+            }
         }
         // Before anything that reads the device: a native stop in flight
         // refuses at once (CORE-080; there is no override).

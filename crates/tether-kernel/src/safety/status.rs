@@ -1,7 +1,8 @@
 //! The safety status: `mhs.safety.status`.
 //!
 //! **Owns:** the per-device view of the latch, arming, the e-stop (budget,
-//! engaged, confirmed, terminated), interlocks and running operations.
+//! engaged, confirmed, terminated), interlocks, the device's link (`null`
+//! for a driver that reports none) and running operations.
 //! **Never belongs here:** anything that changes what it shows.
 //! **Fail-closed rule:** a latch whose details cannot be read still reports
 //! `latched` from the flag every check reads; an unreported interlock reads
@@ -43,6 +44,7 @@ impl Kernel {
                     "latch": if latched { json!({"since_ms": info.since_ms, "reason": info.reason, "durable": info.durable}) } else { Value::Null },
                     "estop": {"latency_ms": dev.estop_budget_ms(), "engaged": latched, "confirmed": latched && dev.stop_confirmed.load(Ordering::SeqCst), "terminated": dev.terminated.load(Ordering::SeqCst)},
                     "interlocks": interlocks,
+                    "link": crate::safety::link::link_json(dev.driver.link().as_ref()),
                     "running_operations": self.running_on(d).into_iter().map(|(op, cap)| json!({"operation_id": op, "capability_id": cap})).collect::<Vec<_>>(),
                 })
             })

@@ -180,7 +180,7 @@ impl Gateway {
     // ----- context ----------------------------------------------------
 
     /// What a planner needs before invoking: limits, live state, mode and
-    /// risk, the latch, interlocks and running operations.
+    /// risk, the latch, interlocks, running operations and the device's link.
     pub async fn context(&self, p: &Principal, tool: &Tool) -> Result<Value, RestError> {
         let mut out = tool.to_json();
         let Some(device_id) = tool.device_id.clone() else {
@@ -193,6 +193,7 @@ impl Gateway {
         out["latch"] = dev["latch"].clone();
         out["interlocks"] = dev["interlocks"].clone();
         out["running_operations"] = dev["running_operations"].clone();
+        out["link"] = dev["link"].clone();
         let sid = self.session_for(p).await?;
         let read = self
             .kernel
