@@ -63,3 +63,4 @@ pub use request::{
     EvidenceFault, GrantRequest, ReadRequest, ResetRequest, Route, SessionOpen, DEADLINE_MS_MAX,
 };
 pub use safety::governed;
+pub use tether_core::manifest::CommandKind;
