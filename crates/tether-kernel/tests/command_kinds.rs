@@ -269,6 +269,14 @@ async fn start(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_estop_does_not_cancel_a_non_abortable_call_but_latches_and_refuses_the_next() {
     let (k, driver) = rig(NOT_ABORTABLE);
+    // The reference shows what the binding declares (surfaces read it).
+    let got = k.device_get("doser-1").expect("device");
+    let b = &got["device"]["bindings"][0];
+    assert_eq!(
+        (&b["kind"], &b["max_duration_ms"], &b["abortable"]),
+        (&json!("time_bounded"), &json!(5000), &json!(false)),
+        "{b}"
+    );
     let p = Principal::local_agent();
     let sid = common::open_session(&k, &p).await;
     let req = dose(&sid);
