@@ -35,12 +35,17 @@ fn relay_manifest(mode: &str, resource_extra: &str) -> String {
             "[fidelity]\nkind = \"simulated\"\nnotes = \"Ideal relays: switch instantly, never weld or bounce.\"\n",
             "",
         )
+        // On hardware a time_bounded binding declares its bound.
+        .replace(
+            "kind = \"time_bounded\"\n",
+            "kind = \"time_bounded\"\nmax_duration_ms = 2000\n",
+        )
         .replace(
             "description = \"Relay channel states.\"",
             &format!("description = \"Relay channel states.\"\n{resource_extra}"),
         );
     assert!(
-        !text.contains("[fidelity]"),
+        !text.contains("[fidelity]") && text.contains("max_duration_ms"),
         "relay-1.toml changed; update the test"
     );
     text

@@ -67,7 +67,9 @@ fn write_config(dir: &std::path::Path, addr: &str) -> std::path::PathBuf {
             &format!("address = \"{addr}\""),
         )
         .replace("park_speed_rad_s = 1.0", &format!("lease_ms = {LEASE_MS}"))
-        .replace("tick_ms = 10\n", "");
+        .replace("tick_ms = 10\n", "")
+        // The remote controller runs motions under a lease.
+        .replace("kind = \"time_bounded\"", "kind = \"leased\"");
     std::fs::write(dir.join("arm-remote.toml"), manifest).expect("manifest");
     let config = dir.join("tether.toml");
     std::fs::write(&config, "devices = [\"arm-remote.toml\"]\n").expect("config");

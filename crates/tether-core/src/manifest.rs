@@ -73,17 +73,32 @@ impl fmt::Display for RiskClass {
     }
 }
 
-/// How a physical command is bounded in time.
+/// How a physical command is bounded in time: how its controller stops on
+/// its own when Tether goes silent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum CommandKind {
-    /// Sent with a lease the controller enforces.
+    /// Sent with a lease the controller enforces; a driver runs it through
+    /// the kernel's leased-command runner.
     Leased,
-    /// Bounded by a declared maximum duration.
+    /// Bounded by a declared maximum duration (`max_duration_ms`). The
+    /// default of a simulated or replay device's binding that declares no
+    /// kind; a hardware or hybrid device has no default.
     #[default]
     TimeBounded,
     /// Reduces risk (stop, hold, de-energise); always allowed to run.
     RiskReducing,
+}
+
+impl CommandKind {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommandKind::Leased => "leased",
+            CommandKind::TimeBounded => "time_bounded",
+            CommandKind::RiskReducing => "risk_reducing",
+        }
+    }
 }
 
 /// How concurrent commands on one device interact.
@@ -234,10 +249,13 @@ pub struct BindingDecl {
     /// Driver target (native operation name).
     #[serde(default)]
     pub target: Option<String>,
-    /// Command kind.
+    /// Command kind, as written: `None` when the binding declares none. On
+    /// a hardware or hybrid device an effectful binding must declare one
+    /// (the loader refuses it otherwise); elsewhere the default applies.
     #[serde(default)]
-    pub kind: CommandKind,
-    /// Whether the operation observes cancellation.
+    pub kind: Option<CommandKind>,
+    /// `false`: a trip, an e-stop or a cancel never cancels a running call
+    /// in Tether; it ends within its lease or duration. Default `true`.
     #[serde(default)]
     pub abortable: Option<bool>,
     /// Concurrency against other commands on the device.

@@ -22,7 +22,8 @@ use tokio::net::TcpStream;
 
 /// How long one request to the controller may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
-/// Longest motion the runner lets run.
+/// Longest motion the runner lets run (a binding's `max_duration_ms`
+/// shortens it).
 const MOTION_MAX: Duration = Duration::from_secs(600);
 
 /// How long a synchronous status request may take while the controller
@@ -442,7 +443,12 @@ impl Driver for RemoteArm {
                 conn: None,
                 motion_id: 0,
             };
-            run_leased(&mut motion, self.lease, MOTION_MAX, &cancel).await
+            // The binding's declared duration bounds the lease runner too,
+            // never beyond the driver's own longest motion.
+            let longest = call
+                .max_duration()
+                .map_or(MOTION_MAX, |d| d.min(MOTION_MAX));
+            run_leased(&mut motion, self.lease, longest, &cancel).await
         })
     }
 

@@ -65,3 +65,4 @@ pub use request::{
 pub use safety::governed;
 pub use safety::health::{Health, HEALTH_PROBE_FRESH_MS, HEALTH_PROBE_WAIT_MS};
 pub use safety::link::{link_poll_period, LINK_POLL_MS_MAX, LINK_POLL_MS_MIN};
+pub use tether_core::manifest::CommandKind;

@@ -33,6 +33,7 @@ state_schema = { type = "object", properties = { rpm = { type = "number", readOn
 capability_id = "x-cap.test.spin.v1"
 resource = "spindle"
 target = "spin"
+kind = "leased"
 input_schema = { type = "object", additionalProperties = false, required = ["rpm"], properties = { rpm = { type = "number", "x-mhs-unit" = "rpm" } } }
 output_schema = { type = "object" }
 limits.rpm = { min = 0, max = 3000, unit = "rpm", source = "operator" }

@@ -36,6 +36,7 @@ state_schema = {{ type = "object", properties = {{ rpm = {{ type = "number", rea
 capability_id = "x-cap.test.mix.v1"
 resource = "main"
 target = "mix"
+kind = "leased"
 risk = "R2"
 input_schema = {{ type = "object", additionalProperties = false, required = ["rpm"], properties = {{ rpm = {{ type = "number", "x-mhs-unit" = "rpm" }} }} }}
 output_schema = {{ type = "object" }}

@@ -37,6 +37,7 @@ state_schema = {{ type = "object", properties = {{ pos = {{ type = "number", rea
 capability_id = "x-cap.test.hold.v1"
 resource = "main"
 target = "hold"
+kind = "leased"
 input_schema = {{ type = "object", additionalProperties = false, properties = {{}} }}
 output_schema = {{ type = "object" }}
 
@@ -44,6 +45,7 @@ output_schema = {{ type = "object" }}
 capability_id = "x-cap.test.press.v1"
 resource = "main"
 target = "press"
+kind = "leased"
 input_schema = {{ type = "object", additionalProperties = false, properties = {{}} }}
 output_schema = {{ type = "object" }}
 

@@ -77,6 +77,9 @@ pub struct Tool {
     pub description: String,
     /// The binding's effective limits block (`x-mhs-effective-limits`).
     pub effective_limits: Value,
+    /// Whether a cancel reaches a running call (`false` for a binding
+    /// declared `abortable = false`, and for the e-stop tool).
+    pub abortable: bool,
 }
 
 impl Tool {
@@ -207,6 +210,7 @@ fn estop_tool() -> Tool {
             tether_core::NOT_CERTIFIED
         ),
         effective_limits: Value::Null,
+        abortable: false,
     }
 }
 
@@ -273,6 +277,8 @@ fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
             input_schema: input_schema(kind, b),
             description,
             effective_limits,
+            // Unknown reads as abortable: the kernel decides either way.
+            abortable: b["abortable"].as_bool().unwrap_or(true),
         });
     }
     tools

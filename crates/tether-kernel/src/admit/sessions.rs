@@ -205,26 +205,37 @@ impl Kernel {
     }
 
     /// Cancels a session's running operations (stop-class and safe-state
-    /// operations excepted) and returns them as `(operation_id, device)`.
-    pub(crate) fn cancel_session_ops(&self, sid: &str) -> Vec<(String, usize)> {
+    /// operations excepted) and returns them as `(operation_id, device)`,
+    /// with the devices of the session's non-abortable operations, which
+    /// are left to end within their lease or duration.
+    pub(crate) fn cancel_session_ops(&self, sid: &str) -> (Vec<(String, usize)>, Vec<usize>) {
         let Ok(ops) = self.inner.ops.lock() else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
-        ops.iter()
-            .filter(|(_, op)| op.session_id.as_deref() == Some(sid) && !op.stop_class)
-            .map(|(id, op)| {
+        let mine = ops
+            .iter()
+            .filter(|(_, op)| op.session_id.as_deref() == Some(sid) && !op.stop_class);
+        let mut cancelled = Vec::new();
+        let mut running = Vec::new();
+        for (id, op) in mine {
+            if op.abortable {
                 op.cancel.cancel();
-                (id.clone(), op.device)
-            })
-            .collect()
+                cancelled.push((id.clone(), op.device));
+            } else {
+                running.push(op.device);
+            }
+        }
+        (cancelled, running)
     }
 
     /// A session ended (closed or expired): cancel its operations and run the
-    /// safe-state actions of every device it was driving.
+    /// safe-state actions of every device it was driving (a non-abortable
+    /// operation still running there included).
     pub(crate) async fn end_session(&self, sid: &str, why: &str) -> Vec<String> {
         self.release_session_permits(sid);
-        let cancelled = self.cancel_session_ops(sid);
+        let (cancelled, not_abortable) = self.cancel_session_ops(sid);
         let mut devices: Vec<usize> = cancelled.iter().map(|(_, d)| *d).collect();
+        devices.extend(not_abortable);
         devices.sort_unstable();
         devices.dedup();
         let mut safe_state = Vec::new();

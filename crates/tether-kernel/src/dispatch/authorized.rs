@@ -8,8 +8,10 @@
 //! `crates/tether-drivers/tests/ui/` holds the compile-fail tests that keep
 //! this true.
 
+use crate::loader::BindingSpec;
 use serde_json::{Number, Value};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tether_core::manifest::CommandKind;
 
 /// Deepest nesting [`integral_numbers_as_integers`] walks; the surfaces refuse
 /// inputs nested deeper than 64 long before they reach the kernel.
@@ -41,6 +43,15 @@ pub struct Authorized {
     command_id: String,
     kind: CallKind,
     deadline: Option<Instant>,
+    /// The binding's declared (or, off hardware, default) command kind;
+    /// `None` for a read and the native stop, which belong to no binding's
+    /// command.
+    command_kind: Option<CommandKind>,
+    /// The binding's `max_duration_ms`.
+    max_duration: Option<Duration>,
+    /// Whether the kernel may cancel the call (`abortable = false` says it
+    /// never does on a trip, an e-stop or a cancel).
+    abortable: bool,
 }
 
 impl Authorized {
@@ -73,7 +84,20 @@ impl Authorized {
             command_id: command_id.to_owned(),
             kind,
             deadline,
+            command_kind: None,
+            max_duration: None,
+            abortable: true,
         }
+    }
+
+    /// The witness of a call of binding `b`: it carries how the binding is
+    /// bounded in time, so a driver can run a `leased` binding through
+    /// [`crate::lease::run_leased`] within `max_duration`.
+    pub(crate) fn of_binding(mut self, b: &BindingSpec) -> Self {
+        self.command_kind = Some(b.kind);
+        self.max_duration = b.max_duration_ms.map(Duration::from_millis);
+        self.abortable = b.abortable;
+        self
     }
 
     /// The device.
@@ -104,9 +128,27 @@ impl Authorized {
     pub fn kind(&self) -> CallKind {
         self.kind
     }
-    /// When the caller stops waiting.
+    /// When the call must have ended: the caller's deadline, or sooner the
+    /// binding's `max_duration_ms` counted from dispatch.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+    /// How the binding's command is bounded in time (`leased`: run it
+    /// through [`crate::lease::run_leased`]); `None` for a read and the
+    /// native stop.
+    pub fn command_kind(&self) -> Option<CommandKind> {
+        self.command_kind
+    }
+    /// The binding's `max_duration_ms`: the longest the call may run, for a
+    /// leased runner's `duration_max`.
+    pub fn max_duration(&self) -> Option<Duration> {
+        self.max_duration
+    }
+    /// Whether the kernel may cancel this call. `false`: no trip, e-stop
+    /// or cancel reaches it (only its deadline does); the driver lets the
+    /// device finish and reports what it did.
+    pub fn abortable(&self) -> bool {
+        self.abortable
     }
 }
 

@@ -185,7 +185,9 @@ impl Kernel {
     }
 
     /// Registers the operation under a fresh id. A stop is never
-    /// cancelled, so it never runs on the caller's token.
+    /// cancelled, so it never runs on the caller's token; nor does a
+    /// non-abortable call once dispatched (a caller that gave up before
+    /// still refuses it: nothing ran yet).
     fn register_step(
         &self,
         ctx: &Ctx,
@@ -193,10 +195,11 @@ impl Kernel {
         caller_cancel: CancelToken,
     ) -> Result<(String, CancelToken), Refusal> {
         let op_id = ids::mint("op_");
-        let cancel = if Kernel::is_effectful(b) {
-            caller_cancel
-        } else {
-            CancelToken::new()
+        let cancel = match (Kernel::is_effectful(b), b.abortable) {
+            (true, true) => caller_cancel,
+            // Given up already: registration sees it and refuses.
+            (true, false) if caller_cancel.is_cancelled() => caller_cancel,
+            _ => CancelToken::new(),
         };
         self.register_op(ctx, b, &op_id, &cancel)?;
         Ok((op_id, cancel))
@@ -226,7 +229,8 @@ impl Kernel {
             &ctx.command_id,
             kind,
             Some(deadline),
-        );
+        )
+        .of_binding(b);
         Call {
             auth,
             deadline,

@@ -2,7 +2,10 @@
 //!
 //! Cancellation is cooperative: an accepted cancel means the request was
 //! delivered to the running operation, never that the device stopped. The
-//! operation's own receipt says how it ended.
+//! operation's own receipt says how it ended. A stop, and a call of a binding
+//! declared `abortable = false`, is never cancelled: the answer says so
+//! (`cancel_delivered: false`), it is not an error, since the caller's wish
+//! is known and the call ends within its lease or duration anyway.
 //!
 //! **Owns:** who may read or cancel an operation (the principal whose
 //! command it runs, and human operators, whose access to another's is
@@ -181,24 +184,35 @@ impl Kernel {
             Ok(ops) => ops.get(operation_id).map(|op| {
                 let owner = op.principal_id.clone();
                 let who = access(p, &owner);
-                let delivered = who != Access::None && !op.stop_class;
-                if delivered {
+                // A stop is never cancelled; a non-abortable call ends within
+                // its lease or duration, whoever asks.
+                let refused = if op.stop_class {
+                    Some("stop_operations_are_never_cancelled")
+                } else if !op.abortable {
+                    Some("not_abortable")
+                } else {
+                    None
+                };
+                if who != Access::None && refused.is_none() {
                     op.cancel.cancel();
                 }
-                (who, owner, op.stop_class)
+                (who, owner, refused)
             }),
             Err(_) => None,
         };
         match running {
             Some((Access::None, _, _)) => Err(Self::unknown_operation(operation_id)),
-            Some((who, owner, stop_class)) => {
+            Some((who, owner, refused)) => {
                 if who == Access::Operator {
                     self.record_operator_access(p, "cancel", operation_id, &owner);
                 }
-                Ok(if stop_class {
-                    json!({"operation_id": operation_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled"})
-                } else {
-                    json!({"operation_id": operation_id, "cancel_delivered": true, "note": "delivered, not confirmed: the operation's receipt says how it ended"})
+                Ok(match refused {
+                    Some(reason) => {
+                        json!({"operation_id": operation_id, "cancel_delivered": false, "reason": reason})
+                    }
+                    None => {
+                        json!({"operation_id": operation_id, "cancel_delivered": true, "note": "delivered, not confirmed: the operation's receipt says how it ended"})
+                    }
                 })
             }
             None => {

@@ -64,6 +64,7 @@ impl Kernel {
                 capability_id: b.capability_id.clone(),
                 cancel: cancel.clone(),
                 stop_class: !Kernel::is_effectful(b),
+                abortable: b.abortable,
                 session_id: ctx.session_id.clone(),
                 principal_id: ctx.principal.id.clone(),
                 command_id: ctx.command_id.clone(),
@@ -78,12 +79,16 @@ impl Kernel {
         }
     }
 
+    /// Cancels the device's running operations, stops and non-abortable
+    /// ones excepted (a non-abortable call ends within its lease or
+    /// duration; the latch already refuses the next), and answers the ids
+    /// cancelled.
     pub(crate) fn cancel_device_ops(&self, device: usize, _why: &str) -> Vec<String> {
         let Ok(ops) = self.inner.ops.lock() else {
             return Vec::new();
         };
         ops.iter()
-            .filter(|(_, op)| op.device == device && !op.stop_class)
+            .filter(|(_, op)| op.device == device && !op.stop_class && op.abortable)
             .map(|(id, op)| {
                 op.cancel.cancel();
                 id.clone()

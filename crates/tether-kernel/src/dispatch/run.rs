@@ -164,7 +164,14 @@ impl Kernel {
             r
         });
         let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
-        let gated = gating_interlocks(dev, b);
+        // A non-abortable call is not stopped by an interlock that opens:
+        // Tether cannot abort it, so it ends within its lease or duration
+        // (the interlock gated its start, and gates the next call).
+        let gated = if b.abortable {
+            gating_interlocks(dev, b)
+        } else {
+            Vec::new()
+        };
         let watch = self.watch_interlocks(dev, b, &gated);
         tokio::select! {
             joined = &mut handle => DriverOutcome::Returned(joined.unwrap_or_else(|_| Err(Signal::Failed { reason: "driver_panicked".into(), message: "the driver task ended abnormally".into() }))),

@@ -32,6 +32,9 @@ pub(crate) struct RunningOp {
     pub capability_id: String,
     pub cancel: crate::driver::CancelToken,
     pub stop_class: bool,
+    /// `false` for a binding declared `abortable = false`: no trip, e-stop
+    /// or cancel reaches it; it ends within its lease or duration.
+    pub abortable: bool,
     pub session_id: Option<String>,
     /// The principal whose command it is: only it (and operators) may read
     /// or cancel it.

@@ -150,9 +150,10 @@ impl Kernel {
         );
     }
 
-    /// Shutdown: asks every running operation (stops excepted) to give up, so
-    /// each ends with a recorded `cancelled` receipt instead of being cut off
-    /// by the process's end. Answers how many were asked.
+    /// Shutdown: asks every running operation (stops and non-abortable ones
+    /// excepted: those end within their bound) to give up, so each ends with
+    /// a recorded `cancelled` receipt instead of being cut off by the
+    /// process's end. Answers how many were asked.
     pub fn cancel_all_operations(&self, why: &str) -> usize {
         (0..self.inner.devices.len())
             .map(|d| self.cancel_device_ops(d, why).len())

@@ -59,6 +59,7 @@ pub(super) fn resolve_binding(
         .is_some_and(|s| s.achieved_by.iter().any(|a| a == &decl.capability_id));
     let verb = class.map_or(Verb::Action, |c| c.verb);
     let flags = trusted_flags(class, decl);
+    let kind = super::kind::command_kind(ctx, m, i, decl, verb == Verb::Read && !is_ext, flags);
     let output_schema = decl
         .output_schema
         .clone()
@@ -85,6 +86,8 @@ pub(super) fn resolve_binding(
             .unwrap_or_else(|| decl.capability_id.clone()),
         concurrency: concurrency(m, decl, verb, flags),
         max_duration_ms: decl.max_duration_ms,
+        kind,
+        abortable: decl.abortable.unwrap_or(true),
         achieves_safe_state: achieves,
         description: if decl.description.is_empty() {
             class.map(|c| c.description.clone()).unwrap_or_default()

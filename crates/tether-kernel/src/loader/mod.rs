@@ -11,6 +11,7 @@
 //! | `manifest` | reading the texts: manifest (TOML or JSON) with the tuple rewrite, the overlay |
 //! | `device` | one device: its header and resources, the overlay split by capability, compiling its schemas |
 //! | `binding` | one binding: catalogue class, risk, served schema, effective limits, trusted flags |
+//! | `kind` | the command kind: explicit on a physical device's effectful binding, a bound for `time_bounded` |
 //! | `schema` | the writable (configure) schema, binding-over-class merge, loosenings |
 //! | `checks` | envelope, safety, facts, interlocks and unit checks |
 //!
@@ -28,6 +29,7 @@
 mod binding;
 mod checks;
 mod device;
+mod kind;
 mod manifest;
 mod schema;
 
@@ -37,7 +39,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 use tether_core::catalogue::{Flags, Verb};
-use tether_core::manifest::{Concurrency, DeviceManifest, RiskClass};
+use tether_core::manifest::{CommandKind, Concurrency, DeviceManifest, RiskClass};
 use tether_limits::EffectiveLimits;
 
 /// A manifest's text and where it came from.
@@ -114,6 +116,14 @@ pub struct BindingSpec {
     pub concurrency: Concurrency,
     /// Longest run, ms.
     pub max_duration_ms: Option<u64>,
+    /// How the call is bounded in time: as declared, which on a hardware or
+    /// hybrid device every effectful binding does; else the default
+    /// (`risk_reducing` for a trusted stop or risk-reducing class,
+    /// `time_bounded` otherwise).
+    pub kind: CommandKind,
+    /// Whether a trip, an e-stop or a cancel cancels a running call
+    /// (`abortable = false` declares it does not; default `true`).
+    pub abortable: bool,
     /// A `safe_state.achieved_by` action.
     pub achieves_safe_state: bool,
     /// For people.

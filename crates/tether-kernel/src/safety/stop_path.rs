@@ -252,7 +252,8 @@ impl Kernel {
                     &ids::mint("stop_"),
                     CallKind::Stop,
                     Some(deadline),
-                );
+                )
+                .of_binding(b);
                 let limit = deadline.saturating_duration_since(Instant::now());
                 let driver = dev.driver.clone();
                 let call = async move { driver.call(auth, CancelToken::new()).await };

@@ -425,8 +425,9 @@ impl Gateway {
         // Protocol errors before anything is recorded; a refusal inside the
         // evaluation order comes from the real command below.
         self.kernel.reachable(p, &req)?;
-        let cancellable =
-            !catalogue::class(&tool.capability_id).is_some_and(|c| c.flags.stop_class);
+        // A stop is never cancelled, nor a binding declared not abortable.
+        let cancellable = tool.abortable
+            && !catalogue::class(&tool.capability_id).is_some_and(|c| c.flags.stop_class);
         let record = Record {
             invocation_id: ids::mint("inv_"),
             attempt_id: ids::mint("att_"),
@@ -701,9 +702,15 @@ impl Gateway {
             ));
         };
         if !inv.cancellable {
+            let reason =
+                if catalogue::class(&record.capability_id).is_some_and(|c| c.flags.stop_class) {
+                    "stop_operations_are_never_cancelled"
+                } else {
+                    "not_abortable"
+                };
             return Ok((
                 StatusCode::OK,
-                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": "stop_operations_are_never_cancelled", "status": invocations::PENDING}).into(),
+                json!({"invocation_id": inv_id, "cancel_delivered": false, "reason": reason, "status": invocations::PENDING}).into(),
             ));
         }
         inv.cancel.cancel();
