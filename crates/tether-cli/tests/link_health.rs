@@ -243,7 +243,9 @@ fn a_lost_controller_shows_reconnecting_fails_healthz_and_latches_past_its_watch
     });
     assert_eq!(status(&s)["latched"], false);
 
-    // The evidence has the trip (source `link`) and the link's changes.
+    // The evidence has the trip (source `link`) and the link's changes (a
+    // change is recorded within one poll of the link monitor, at most 250 ms).
+    std::thread::sleep(Duration::from_millis(tether_kernel::LINK_POLL_MS_MAX + 100));
     s.terminate();
     let export = tether(&[
         "audit".as_ref(),
