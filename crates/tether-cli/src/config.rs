@@ -450,6 +450,17 @@ pub fn load_cell(loaded: &Loaded) -> Result<Cell, Vec<Defect>> {
                 ),
             });
         }
+        // Mapping defects of the MQTT driver, with the manifest's file and device.
+        if d.manifest.driver == "mqtt" {
+            for (field, message) in tether_drivers::mqtt::check(&d.manifest) {
+                defects.push(Defect {
+                    file: d.origin.clone(),
+                    device: d.manifest.device_id.clone(),
+                    field,
+                    message,
+                });
+            }
+        }
     }
     if defects.is_empty() {
         Ok(cell)

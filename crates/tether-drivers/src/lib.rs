@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod arm;
+pub mod mqtt;
 pub mod relay;
 pub mod remote;
 pub mod simproc;
@@ -44,7 +45,13 @@ pub fn builtin_cell() -> Vec<ManifestSource> {
 }
 
 /// Driver kinds this crate can build.
-pub const KINDS: &[&str] = &["sim.thermostat", "sim.arm", "sim.relay", "remote.arm"];
+pub const KINDS: &[&str] = &[
+    "sim.thermostat",
+    "sim.arm",
+    "sim.relay",
+    "remote.arm",
+    "mqtt",
+];
 
 /// Where simulator controls live: `<state_dir>/sim-control/<device_id>.json`,
 /// written by `tether sim` and read by the simulated drivers. A file, not a
@@ -95,6 +102,7 @@ pub fn build_with(manifest: &DeviceManifest, env: &SimEnv) -> Result<Arc<dyn Dri
         )),
         "sim.relay" => Ok(Arc::new(relay::SimRelay::new(&cfg)?)),
         "remote.arm" => Ok(Arc::new(remote::RemoteArm::new(&cfg)?)),
+        "mqtt" => Ok(Arc::new(mqtt::MqttDriver::new(manifest)?)),
         other => Err(format!(
             "unknown driver kind `{other}` (known: {})",
             KINDS.join(", ")

@@ -26,7 +26,13 @@ pub fn peers_dir() -> PathBuf {
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .map(|p| if p.is_absolute() { p } else { package_dir().join("../..").join(p) })
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                package_dir().join("../..").join(p)
+            }
+        })
         .unwrap_or_else(|| package_dir().join("../../target"))
 }
 
@@ -82,14 +88,31 @@ fn setup_python() -> Result<PathBuf, String> {
     if !python.exists() {
         let base = ["python3.11", "python3"]
             .into_iter()
-            .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-            .ok_or("no python3 on PATH: install Python 3.10+ (the driver tests start Python peers)")?;
-        run_bounded("creating the peers virtualenv", Command::new(base).args(["-m", "venv"]).arg(&venv))?;
+            .find(|p| {
+                Command::new(p)
+                    .arg("--version")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .ok_or(
+                "no python3 on PATH: install Python 3.10+ (the driver tests start Python peers)",
+            )?;
+        run_bounded(
+            "creating the peers virtualenv",
+            Command::new(base).args(["-m", "venv"]).arg(&venv),
+        )?;
     }
     run_bounded(
         "pip install -r tests/peers/requirements.txt",
         Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                "-r",
+            ])
             .arg(&requirements),
     )?;
     std::fs::write(&stamp, &pinned).map_err(|e| format!("writing {}: {e}", stamp.display()))?;
@@ -111,7 +134,11 @@ pub fn python() -> &'static Path {
 /// The mosquitto broker binary (Debian installs it in /usr/sbin, which is
 /// not on every PATH).
 pub fn mosquitto() -> PathBuf {
-    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
+    for p in [
+        "/usr/sbin/mosquitto",
+        "/usr/bin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ] {
         if Path::new(p).exists() {
             return PathBuf::from(p);
         }
