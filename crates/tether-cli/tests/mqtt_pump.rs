@@ -130,6 +130,10 @@ fn start_pump(dir: &Path, port: u16, extra: &[&str]) -> Proc {
 
 impl Rig {
     fn new(pump_args: &[&str]) -> Rig {
+        Self::with(pump_args, "3.1.1")
+    }
+
+    fn with(pump_args: &[&str], protocol: &str) -> Rig {
         tokens();
         let dir = tempfile::tempdir().unwrap();
         let port = peers::free_port();
@@ -138,7 +142,12 @@ impl Rig {
         let pump = start_pump(dir.path(), port, pump_args);
         for f in ["tether.toml", "pump-1.toml"] {
             let text = std::fs::read_to_string(example_dir().join(f)).unwrap();
-            let text = text.replace("127.0.0.1:1883", &format!("127.0.0.1:{port}"));
+            let text = text
+                .replace("127.0.0.1:1883", &format!("127.0.0.1:{port}"))
+                .replace(
+                    "protocol = \"3.1.1\"",
+                    &format!("protocol = \"{protocol}\""),
+                );
             std::fs::write(dir.path().join(f), text).unwrap();
         }
         Rig {
@@ -301,6 +310,18 @@ fn an_in_limit_dose_reaches_the_pump_once_and_refused_doses_publish_nothing() {
         rig.pump_cmds()
     );
     assert_eq!(rig.carried(CMD).len(), 3);
+}
+
+#[test]
+fn mqtt_5_serves_the_same_pump() {
+    let rig = Rig::with(&[], "5");
+    let s = rig.serve();
+    let sid = session(&s, AGENT);
+    wait_fresh(&s, &sid);
+    let done = dose(&s, &sid, 1.0, 60.0);
+    assert_eq!(done["status"], "completed", "{done}");
+    let id = done["command_id"].as_str().unwrap();
+    assert_eq!(doses_of(&rig.pump_cmds(), id), 1, "{:?}", rig.pump_cmds());
 }
 
 fn common_now_ms() -> u64 {
