@@ -313,6 +313,35 @@ fn an_in_limit_dose_reaches_the_pump_once_and_refused_doses_publish_nothing() {
 }
 
 #[test]
+fn probe_reads_every_mapped_field_and_interlock_and_publishes_nothing() {
+    let rig = Rig::new(&[]);
+    let text = std::fs::read_to_string(rig.dir.path().join("pump-1.toml")).unwrap();
+    let manifest: tether_core::manifest::DeviceManifest = toml::from_str(&text).unwrap();
+    let rows = tether_drivers::mqtt::probe(&manifest, Duration::from_secs(10)).unwrap();
+    let row = |n: &str| {
+        rows.iter()
+            .find(|r| r.name == n)
+            .unwrap_or_else(|| panic!("{n}: {rows:?}"))
+    };
+    assert_eq!(row("door").raw, "closed");
+    assert_eq!(row("running").declared, false);
+    assert_eq!(row("dispensed_ml").unit.as_deref(), Some("mL"));
+    assert_eq!(row("interlock:door").declared, "closed");
+    std::thread::sleep(Duration::from_millis(200));
+    let published: Vec<Value> = rig
+        .lines("spy.jsonl")
+        .into_iter()
+        .filter(|m| m["topic"] != "lab/pump-1/state" && m["topic"] != "lab/pump-1/ack")
+        .collect();
+    assert!(published.is_empty(), "{published:?}");
+    // A broker that is not there: a clear error within the bound.
+    let down = text.replace(&format!("127.0.0.1:{}", rig.port), "127.0.0.1:9");
+    let manifest: tether_core::manifest::DeviceManifest = toml::from_str(&down).unwrap();
+    let err = tether_drivers::mqtt::probe(&manifest, Duration::from_millis(500)).unwrap_err();
+    assert!(err.contains("127.0.0.1:9"), "{err}");
+}
+
+#[test]
 fn mqtt_5_serves_the_same_pump() {
     let rig = Rig::with(&[], "5");
     let s = rig.serve();

@@ -187,6 +187,19 @@ impl Shared {
         }
     }
 
+    /// Forgets that the native stop of `command_id` was sent (its publish
+    /// failed), so the command's own stop tries again.
+    pub fn stop_failed(&self, command_id: &str) {
+        if let Some(r) = self
+            .lock()
+            .running
+            .as_mut()
+            .filter(|r| r.command_id == command_id)
+        {
+            r.stop_sent = false;
+        }
+    }
+
     /// Whether the native stop of `command_id` was published already.
     pub fn stop_sent(&self, command_id: &str) -> bool {
         self.lock()

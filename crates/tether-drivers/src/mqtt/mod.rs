@@ -175,23 +175,27 @@ impl Driver for MqttDriver {
             payload,
             done,
         };
-        if self.tx.try_send(req).is_err() {
-            return Err(Signal::Failed {
+        let out = if self.tx.try_send(req).is_err() {
+            Signal::Failed {
                 reason: "broker_unreachable".into(),
                 message: "the MQTT session is busy or stopped; the native stop was not published"
                     .into(),
-            });
-        }
-        match rx.recv_timeout(wait) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(publish_signal(e)),
-            Err(_) => Err(Signal::OutcomeUnknown {
-                message: format!(
-                    "the broker did not acknowledge the native stop within {} ms",
-                    wait.as_millis()
-                ),
-            }),
-        }
+            }
+        } else {
+            match rx.recv_timeout(wait) {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => publish_signal(e),
+                Err(_) => Signal::OutcomeUnknown {
+                    message: format!(
+                        "the broker did not acknowledge the native stop within {} ms",
+                        wait.as_millis()
+                    ),
+                },
+            }
+        };
+        // The running command's own stop (on cancellation) tries again.
+        self.shared.stop_failed(&id);
+        Err(out)
     }
 
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
