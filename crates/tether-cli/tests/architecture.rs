@@ -1769,7 +1769,7 @@ fn the_dependency_check_flags_an_edge_outside_the_allowlist_and_no_other() {
     ];
     assert_eq!(disallowed_edges(&allowed, &crates), Vec::<String>::new());
     let mut edges = allowed;
-    edges.push(edge("tether-drivers", "tether-limits", DepKind::Normal));
+    edges.push(edge("tether-drivers", "tether-store", DepKind::Normal));
     edges.push(edge("tether-core", "tether-core", DepKind::Build));
     crates.insert("tether-new".to_owned(), "crates/tether-new".to_owned());
     let bad = disallowed_edges(&edges, &crates);
@@ -1778,7 +1778,7 @@ fn the_dependency_check_flags_an_edge_outside_the_allowlist_and_no_other() {
         .iter()
         .any(|b| b.starts_with("tether-new is a workspace crate with no entry")));
     assert!(bad.iter().any(|b| b.starts_with(
-        "tether-drivers → tether-limits: a normal dependency ([dependencies]) declared in \
+        "tether-drivers → tether-store: a normal dependency ([dependencies]) declared in \
          crates/tether-drivers/Cargo.toml, not in ALLOWED_NORMAL_DEPS"
     )));
     assert!(bad.iter().any(|b| b.contains("not in ALLOWED_BUILD_DEPS")));

@@ -177,6 +177,7 @@ mod tests {
             STOP,
             ESTOP,
             "cap.io.relay.v1",
+            "cap.fluid.dispense.v1",
         ] {
             let c = class(id).unwrap_or_else(|| panic!("{id} missing"));
             assert!(is_catalogue_id(&c.id));
@@ -185,6 +186,23 @@ mod tests {
         assert!(class(ESTOP).is_some_and(|c| c.flags.stop_class));
         assert!(class("cap.motion.park.v1").is_some_and(|c| c.flags.safe_place));
         assert_eq!(class(STATE_READ).map(|c| c.verb), Some(Verb::Read));
+        let dispense = class("cap.fluid.dispense.v1").unwrap_or_else(|| panic!("dispense"));
+        assert_eq!(
+            (dispense.verb, dispense.risk_floor),
+            (Verb::Action, RiskClass::R1)
+        );
+        assert_eq!(
+            dispense
+                .input_schema
+                .pointer("/properties/volume_ml/x-mhs-unit"),
+            Some(&serde_json::json!("mL"))
+        );
+        assert_eq!(
+            dispense
+                .input_schema
+                .pointer("/properties/rate_ml_min/x-mhs-unit"),
+            Some(&serde_json::json!("mL/min"))
+        );
     }
 
     #[test]

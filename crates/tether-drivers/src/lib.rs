@@ -15,6 +15,7 @@
 
 pub mod arm;
 pub mod modbus;
+pub mod mqtt;
 pub mod relay;
 pub mod remote;
 pub mod simproc;
@@ -51,6 +52,7 @@ pub const KINDS: &[&str] = &[
     "sim.relay",
     "remote.arm",
     modbus::KIND,
+    "mqtt",
 ];
 
 /// Wall-clock milliseconds since the epoch (0 before 1970).
@@ -86,6 +88,7 @@ pub struct ProbeRow {
 pub fn check_map(manifest: &DeviceManifest) -> Vec<(String, String)> {
     match manifest.driver.as_str() {
         modbus::KIND => modbus::check(manifest),
+        "mqtt" => mqtt::check(manifest),
         _ => Vec::new(),
     }
 }
@@ -100,6 +103,25 @@ pub async fn probe(
 ) -> Result<Vec<ProbeRow>, String> {
     match manifest.driver.as_str() {
         modbus::KIND => modbus::probe::probe(manifest, timeout).await,
+        "mqtt" => {
+            // The MQTT probe runs its own client to the end: off this runtime.
+            let m = manifest.clone();
+            let rows = tokio::task::spawn_blocking(move || mqtt::probe(&m, timeout))
+                .await
+                .map_err(|e| format!("the probe ended abnormally: {e}"))??;
+            Ok(rows
+                .into_iter()
+                .map(|r| ProbeRow {
+                    point: "retained state".into(),
+                    native_unit: None,
+                    error: None,
+                    name: r.name,
+                    unit: r.unit,
+                    declared: r.declared,
+                    raw: r.raw,
+                })
+                .collect())
+        }
         other => Err(format!(
             "driver kind `{other}` has no device to probe (simulated or not a network driver)"
         )),
@@ -156,6 +178,7 @@ pub fn build_with(manifest: &DeviceManifest, env: &SimEnv) -> Result<Arc<dyn Dri
         "sim.relay" => Ok(Arc::new(relay::SimRelay::new(&cfg)?)),
         "remote.arm" => Ok(Arc::new(remote::RemoteArm::new(&cfg)?)),
         modbus::KIND => Ok(Arc::new(modbus::ModbusTcp::new(manifest)?)),
+        "mqtt" => Ok(Arc::new(mqtt::MqttDriver::new(manifest)?)),
         other => Err(format!(
             "unknown driver kind `{other}` (known: {})",
             KINDS.join(", ")

@@ -155,4 +155,11 @@ pub trait Driver: Send + Sync + 'static {
     fn link(&self) -> Option<Link> {
         None
     }
+
+    /// When the state a `read` of `resource` answers now was sampled (wall
+    /// ms), for drivers that mirror a device's own reports (an MQTT state
+    /// message's receive time); `None` means "now". Must be quick.
+    fn sampled_at_ms(&self, _resource: &str) -> Option<u64> {
+        None
+    }
 }

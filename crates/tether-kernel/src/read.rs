@@ -122,7 +122,7 @@ impl Kernel {
             "revision": revision,
             "state": state,
             "state_hash": state_hash,
-            "sampled_at": now_ms(),
+            "sampled_at": dev.driver.sampled_at_ms(&req.resource).unwrap_or_else(now_ms),
             "mode": dev.spec.manifest.mode.as_str(),
         }))
     }
