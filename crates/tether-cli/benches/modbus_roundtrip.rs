@@ -43,7 +43,8 @@ fn root() -> PathBuf {
 fn python() -> PathBuf {
     std::env::var_os("TETHER_PEERS_PYTHON").map_or_else(
         || {
-            let t = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+            let t = std::env::var_os("CARGO_TARGET_DIR")
+                .map_or_else(|| root().join("target"), PathBuf::from);
             t.join("py-peers/bin/python")
         },
         PathBuf::from,
@@ -51,11 +52,19 @@ fn python() -> PathBuf {
 }
 
 fn now_ms() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Kill(Child);
@@ -76,7 +85,9 @@ fn heater(dir: &Path, port: u16) -> Kill {
         .spawn()
         .expect("heater.py (is the peers venv there?)");
     let mut line = String::new();
-    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert!(line.starts_with("ready"), "{line}");
     Kill(c)
 }
@@ -101,7 +112,10 @@ fn tether(dir: &Path, port: u16) -> (Kill, SocketAddr) {
         .arg(dir.join("tether.toml"))
         .arg("--state-dir")
         .arg(dir.join("state"))
-        .envs([("TETHER_OPERATOR_TOKEN", OPERATOR), ("TETHER_AGENT_TOKEN", AGENT)])
+        .envs([
+            ("TETHER_OPERATOR_TOKEN", OPERATOR),
+            ("TETHER_AGENT_TOKEN", AGENT),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -132,10 +146,14 @@ impl Rpc {
         let s = TcpStream::connect(addr).unwrap();
         s.set_nodelay(true).unwrap();
         s.set_read_timeout(Some(WAIT)).unwrap();
-        Self { s: BufReader::new(s), addr }
+        Self {
+            s: BufReader::new(s),
+            addr,
+        }
     }
     fn call(&mut self, token: &str, method: &str, params: Value) -> Value {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        let body =
+            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
         let req = format!(
             "POST /rpc HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.addr,
@@ -193,18 +211,32 @@ fn flush_us(dir: &Path) -> f64 {
 }
 
 fn bare(port: u16, rounds: usize) -> (Vec<f64>, Vec<f64>) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let mut ctx = tokio_modbus::client::tcp::connect_slave(addr, tokio_modbus::Slave(1)).await.unwrap();
+        let mut ctx = tokio_modbus::client::tcp::connect_slave(addr, tokio_modbus::Slave(1))
+            .await
+            .unwrap();
         let (mut one, mut seq) = (Vec::new(), Vec::new());
         for i in 0..rounds {
             let t0 = Instant::now();
-            ctx.write_single_register(0, 200 + (i % 100) as u16).await.unwrap().unwrap();
+            ctx.write_single_register(0, 200 + (i % 100) as u16)
+                .await
+                .unwrap()
+                .unwrap();
             one.push(t0.elapsed().as_secs_f64() * 1e6);
             let t0 = Instant::now();
-            ctx.write_single_register(10, i as u16).await.unwrap().unwrap();
-            ctx.write_single_register(0, 200 + (i % 100) as u16).await.unwrap().unwrap();
+            ctx.write_single_register(10, i as u16)
+                .await
+                .unwrap()
+                .unwrap();
+            ctx.write_single_register(0, 200 + (i % 100) as u16)
+                .await
+                .unwrap()
+                .unwrap();
             seq.push(t0.elapsed().as_secs_f64() * 1e6);
         }
         (one, seq)
@@ -222,11 +254,17 @@ fn main() {
     let _h = heater(dir.path(), port);
     let (one, seq) = bare(port, rounds);
     figure("bare tokio-modbus write (holding 0)", one.clone());
-    figure("bare tokio-modbus feed + write (what a configure sends)", seq.clone());
+    figure(
+        "bare tokio-modbus feed + write (what a configure sends)",
+        seq.clone(),
+    );
 
     let (tk, addr) = tether(dir.path(), port);
     let mut rpc = Rpc::new(addr);
-    let sid = rpc.call(AGENT, "mhs.session.open", json!({}))["session_id"].as_str().unwrap().to_owned();
+    let sid = rpc.call(AGENT, "mhs.session.open", json!({}))["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     // The mirror fills within a poll period or two.
     std::thread::sleep(Duration::from_millis(500));
     let mut governed = Vec::new();
@@ -238,7 +276,10 @@ fn main() {
         governed.push(t0.elapsed().as_secs_f64() * 1e6);
         assert_eq!(r["status"], "completed", "{r}");
     }
-    figure("governed configure (command in -> register written -> receipt durable)", governed.clone());
+    figure(
+        "governed configure (command in -> register written -> receipt durable)",
+        governed.clone(),
+    );
     let over50 = pct(governed.clone(), 0.5) - pct(seq.clone(), 0.5);
     let over99 = pct(governed, 0.99) - pct(seq, 0.99);
     println!("FIGURE overhead over the bare sequence: p50 {over50:.0} us, p99 {over99:.0} us");
@@ -252,7 +293,11 @@ fn main() {
         let before = writes(dir.path()).len();
         let asked = now_ms();
         let t0 = Instant::now();
-        rpc.call(OPERATOR, "mhs.safety.estop", json!({"device_id": "heater-1", "reason": "bench"}));
+        rpc.call(
+            OPERATOR,
+            "mhs.safety.estop",
+            json!({"device_id": "heater-1", "reason": "bench"}),
+        );
         answers.push(t0.elapsed().as_secs_f64() * 1e6);
         let log = writes(dir.path());
         let stop = log[before..]
@@ -260,7 +305,11 @@ fn main() {
             .find(|w| w["kind"] == "write" && w["fc"] == 5 && w["values"] == json!([false]))
             .expect("stop write");
         stops.push((stop["t_ms"].as_f64().unwrap() - asked) * 1000.0);
-        rpc.call(OPERATOR, "mhs.safety.reset", json!({"device_id": "heater-1", "reason": "bench"}));
+        rpc.call(
+            OPERATOR,
+            "mhs.safety.reset",
+            json!({"device_id": "heater-1", "reason": "bench"}),
+        );
     }
     figure("e-stop asked -> stop coil written at the heater", stops);
     figure("e-stop answered (latch durable)", answers);
@@ -273,7 +322,10 @@ fn main() {
         let _h = heater(d.path(), p);
         let (mut tk, addr) = tether(d.path(), p);
         let mut rpc = Rpc::new(addr);
-        let sid = rpc.call(AGENT, "mhs.session.open", json!({}))["session_id"].as_str().unwrap().to_owned();
+        let sid = rpc.call(AGENT, "mhs.session.open", json!({}))["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
         std::thread::sleep(Duration::from_millis(300));
         let r = rpc.call(AGENT, "mhs.command", json!({"session_id": sid, "device_id": "heater-1",
             "capability_id": "cap.thermal.setpoint.v1", "resource": "main", "input": {"target_temperature": 30.0}}));
@@ -284,13 +336,22 @@ fn main() {
         let deadline = Instant::now() + WAIT;
         let trip = loop {
             assert!(Instant::now() < deadline, "no watchdog trip");
-            if let Some(t) = writes(d.path()).iter().find(|l| l["event"] == "watchdog_trip") {
+            if let Some(t) = writes(d.path())
+                .iter()
+                .find(|l| l["event"] == "watchdog_trip")
+            {
                 break t["t_ms"].as_f64().unwrap();
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         kills.push((trip - killed) * 1000.0);
     }
-    figure("kill -9 -> heater stopped by its watchdog (period 1000 ms)", kills);
-    println!("FIGURE disk flush (4 KiB write + fdatasync) p50: {:.0} us", flush_us(dir.path()));
+    figure(
+        "kill -9 -> heater stopped by its watchdog (period 1000 ms)",
+        kills,
+    );
+    println!(
+        "FIGURE disk flush (4 KiB write + fdatasync) p50: {:.0} us",
+        flush_us(dir.path())
+    );
 }
