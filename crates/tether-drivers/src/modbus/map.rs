@@ -205,6 +205,25 @@ impl Map {
         }
     }
 
+    /// [`Map::of`] with its defects joined one after another, and the
+    /// device's socket address: what building a driver or a probe needs.
+    ///
+    /// # Errors
+    /// Every defect, joined.
+    pub fn load(manifest: &DeviceManifest) -> Result<(Map, std::net::SocketAddr), String> {
+        let map = Map::of(manifest).map_err(|d| {
+            d.iter()
+                .map(|(at, msg)| format!("{at}: {msg}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })?;
+        let addr = map
+            .address
+            .parse()
+            .map_err(|_| format!("driver_config.address `{}` is not host:port", map.address))?;
+        Ok((map, addr))
+    }
+
     /// The fields of a resource.
     pub fn fields(&self, resource: &str) -> &[Field] {
         self.resources.get(resource).map_or(&[], Vec::as_slice)

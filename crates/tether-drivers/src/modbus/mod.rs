@@ -100,16 +100,7 @@ impl ModbusTcp {
     /// # Errors
     /// Every mapping defect, one a line.
     pub fn new(manifest: &DeviceManifest) -> Result<Self, String> {
-        let map = Map::of(manifest).map_err(|d| {
-            d.iter()
-                .map(|(at, msg)| format!("{at}: {msg}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        })?;
-        let addr: SocketAddr = map
-            .address
-            .parse()
-            .map_err(|_| format!("driver_config.address `{}` is not host:port", map.address))?;
+        let (map, addr) = Map::load(manifest)?;
         let (runtime, stop) = start_runtime(&manifest.device_id)?;
         let shared = Arc::new(Shared::new(map));
         let lanes = Arc::new(Lanes::new(&shared, addr));

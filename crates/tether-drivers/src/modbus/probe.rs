@@ -7,7 +7,6 @@ use super::lane::Lane;
 use super::map::Map;
 use crate::ProbeRow;
 use serde_json::Value;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tether_core::manifest::DeviceManifest;
 
@@ -16,16 +15,7 @@ use tether_core::manifest::DeviceManifest;
 /// # Errors
 /// The map's defects, or a device that cannot be reached at all.
 pub async fn probe(manifest: &DeviceManifest, timeout: Duration) -> Result<Vec<ProbeRow>, String> {
-    let map = Map::of(manifest).map_err(|d| {
-        d.iter()
-            .map(|(at, msg)| format!("{at}: {msg}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    })?;
-    let addr: SocketAddr = map
-        .address
-        .parse()
-        .map_err(|_| format!("`{}` is not host:port", map.address))?;
+    let (map, addr) = Map::load(manifest)?;
     let mut lane = Lane::new(addr, map.unit_id, timeout, timeout);
     let mut rows = Vec::new();
     for (rid, fields) in &map.resources {
