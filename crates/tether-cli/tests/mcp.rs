@@ -18,6 +18,8 @@
 )]
 
 mod common;
+#[path = "common/peers.rs"]
+mod peers;
 
 use common::{tether, BIN};
 use serde_json::{json, Value};
@@ -32,51 +34,11 @@ use std::time::{Duration, Instant};
 const AGENT_TOKEN: &str = "mcp-agent-token-5b1e";
 /// Longest a Python scenario may take (it bounds its own waits at 60 s).
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(90);
-/// Longest the virtualenv setup may take (a download of the SDK).
-const SETUP_TIMEOUT: Duration = Duration::from_secs(600);
 
 // ----- the Python SDK ------------------------------------------------------
 
 fn scripts_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp")
-}
-
-/// The target directory: the test binary lives in `<target>/<profile>/deps`.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.ancestors()
-        .nth(3)
-        .map(Path::to_path_buf)
-        .expect("target directory above the test binary")
-}
-
-/// Runs a setup command to completion within `SETUP_TIMEOUT`.
-fn run_setup(what: &str, cmd: &mut Command) -> Result<(), String> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{what}: cannot start: {e}"))?;
-    let (out, err) = drain(&mut child);
-    let deadline = Instant::now() + SETUP_TIMEOUT;
-    loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            let (out, err) = (
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default(),
-            );
-            return if status.success() {
-                Ok(())
-            } else {
-                Err(format!("{what} failed ({status}):\n{out}\n{err}"))
-            };
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            return Err(format!("{what} did not finish within {SETUP_TIMEOUT:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn drain(
@@ -99,45 +61,13 @@ fn drain(
 }
 
 /// A Python with the pinned SDK: `TETHER_TEST_PYTHON`, or the virtualenv
-/// under the target directory (created or updated when the pin changed).
+/// `py-mcp` under the target directory (tests/common/peers.rs sets it up).
 fn setup_python() -> Result<PathBuf, String> {
-    if let Ok(p) = std::env::var("TETHER_TEST_PYTHON") {
-        return Ok(PathBuf::from(p));
-    }
-    let requirements = scripts_dir().join("requirements.txt");
-    let pinned = std::fs::read_to_string(&requirements)
-        .map_err(|e| format!("reading {}: {e}", requirements.display()))?;
-    let venv = target_dir().join("py-mcp");
-    let python = venv.join("bin/python");
-    let stamp = venv.join("tether-requirements.txt");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&pinned) {
-        return Ok(python);
-    }
-    if !python.exists() {
-        let base = ["python3.11", "python3"]
-            .into_iter()
-            .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-            .ok_or("no python3.11 or python3 on PATH: install Python 3.10+ (the MCP end-to-end tests need it)")?;
-        run_setup(
-            "creating the virtualenv",
-            Command::new(base).args(["-m", "venv"]).arg(&venv),
-        )?;
-    }
-    run_setup(
-        "pip install -r tests/mcp/requirements.txt",
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "-q",
-                "-r",
-            ])
-            .arg(&requirements),
-    )?;
-    std::fs::write(&stamp, &pinned).map_err(|e| format!("writing {}: {e}", stamp.display()))?;
-    Ok(python)
+    peers::pinned_venv(
+        "TETHER_TEST_PYTHON",
+        &scripts_dir().join("requirements.txt"),
+        "py-mcp",
+    )
 }
 
 /// The Python every test shares (set up once per test binary).

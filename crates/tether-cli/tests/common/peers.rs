@@ -74,14 +74,24 @@ fn run_bounded(what: &str, cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-fn setup_python() -> Result<PathBuf, String> {
-    if let Ok(p) = std::env::var("TETHER_PEERS_PYTHON") {
+/// A Python with the pinned `requirements` installed: `$override_var` when
+/// set, else the virtualenv `<target>/<venv_name>` (created, or updated when
+/// the pin changed; a stamp file records what is installed). The MCP tests
+/// use it too, for the official MCP SDK.
+///
+/// # Errors
+/// No Python on PATH, or venv/pip failing within the setup bound.
+pub fn pinned_venv(
+    override_var: &str,
+    requirements: &Path,
+    venv_name: &str,
+) -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var(override_var) {
         return Ok(PathBuf::from(p));
     }
-    let requirements = peers_dir().join("requirements.txt");
-    let pinned = std::fs::read_to_string(&requirements)
+    let pinned = std::fs::read_to_string(requirements)
         .map_err(|e| format!("reading {}: {e}", requirements.display()))?;
-    let venv = target_dir().join("py-peers");
+    let venv = target_dir().join(venv_name);
     let python = venv.join("bin/python");
     let stamp = venv.join("tether-requirements.txt");
     if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&pinned) {
@@ -96,16 +106,14 @@ fn setup_python() -> Result<PathBuf, String> {
                     .output()
                     .is_ok_and(|o| o.status.success())
             })
-            .ok_or(
-                "no python3 on PATH: install Python 3.10+ (the driver tests start Python peers)",
-            )?;
+            .ok_or("no python3 on PATH: install Python 3.10+ (these tests run Python programs)")?;
         run_bounded(
-            "creating the peers virtualenv",
+            &format!("creating the virtualenv {venv_name}"),
             Command::new(base).args(["-m", "venv"]).arg(&venv),
         )?;
     }
     run_bounded(
-        "pip install -r tests/peers/requirements.txt",
+        &format!("pip install -r {}", requirements.display()),
         Command::new(&python)
             .args([
                 "-m",
@@ -115,10 +123,18 @@ fn setup_python() -> Result<PathBuf, String> {
                 "-q",
                 "-r",
             ])
-            .arg(&requirements),
+            .arg(requirements),
     )?;
     std::fs::write(&stamp, &pinned).map_err(|e| format!("writing {}: {e}", stamp.display()))?;
     Ok(python)
+}
+
+fn setup_python() -> Result<PathBuf, String> {
+    pinned_venv(
+        "TETHER_PEERS_PYTHON",
+        &peers_dir().join("requirements.txt"),
+        "py-peers",
+    )
 }
 
 /// The Python with the pinned peers (set up once per test binary).
