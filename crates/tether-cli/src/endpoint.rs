@@ -32,14 +32,21 @@ pub struct Endpoint {
     pub runtime: tokio::runtime::Runtime,
 }
 
-/// Logging to stderr, filtered by `TETHER_LOG` (default `warn`).
+/// The default log filter: warnings, except the OPC UA library's own log,
+/// which is off: it reports a missing client certificate as an error under
+/// security `none` (where none is needed), and every failure that matters
+/// reaches the operator through the driver (receipts, the device's link).
+/// `TETHER_LOG=warn,opcua_client=debug` shows it.
+const LOG_DEFAULT: &str = "warn,opcua_client=off,opcua_core=off,opcua_crypto=off";
+
+/// Logging to stderr, filtered by `TETHER_LOG` (default [`LOG_DEFAULT`]).
 pub fn init_tracing() {
     // Logs go to stderr: stdout belongs to the stdio protocols.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_DEFAULT)),
         )
         .init();
 }

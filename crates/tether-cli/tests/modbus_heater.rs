@@ -13,70 +13,41 @@ use common::mcp_http::*;
 use common::*;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const OPERATOR: &str = "operator-token-modbus-test";
 const AGENT: &str = "agent-token-modbus-test";
 const DEVICE: &str = "heater-1";
 
-/// A running heater peer with its log, status and control files.
-struct Heater {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
+/// The heater peer (its log, status and control files in the test's dir).
+struct Heater(peers::Peer);
+
+impl std::ops::Deref for Heater {
+    type Target = peers::Peer;
+    fn deref(&self) -> &peers::Peer {
+        &self.0
+    }
 }
 
 impl Heater {
     fn start(dir: &Path, port: u16) -> Heater {
-        let script = peers::package_dir().join("../../examples/modbus-heater/heater.py");
-        let mut child = Command::new(peers::python())
-            .arg(&script)
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--unit",
-                "1",
-            ])
-            .arg("--log")
-            .arg(dir.join("heater.log"))
-            .arg("--status-file")
-            .arg(dir.join("heater.status"))
-            .arg("--control")
-            .arg(dir.join("heater.control"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start heater.py");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(TIMEOUT)
-            .expect("heater.py did not say ready");
-        assert!(line.starts_with("ready"), "heater.py: {line}");
-        Heater {
-            child,
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--unit",
+            "1",
+        ]
+        .map(str::to_owned);
+        Heater(peers::Peer::start(
+            "examples/modbus-heater/heater.py",
+            &args,
+            dir,
+            "heater",
             port,
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    fn lines(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.dir.join("heater.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        ))
     }
 
     /// Writes the device received, watchdog feeds (holding 10) left out.
@@ -94,37 +65,12 @@ impl Heater {
             .count()
     }
 
-    fn events(&self, name: &str) -> Vec<Value> {
-        self.lines()
-            .into_iter()
-            .filter(|l| l["kind"] == "event" && l["event"] == name)
-            .collect()
-    }
-
     fn registers(&self) -> Value {
-        let text = std::fs::read_to_string(self.dir.join("heater.status")).unwrap_or_default();
-        serde_json::from_str::<Value>(&text)
-            .map(|v| v["registers"].clone())
-            .unwrap_or(Value::Null)
-    }
-
-    fn control(&self, v: Value) {
-        let tmp = self.dir.join("heater.control.tmp");
-        std::fs::write(&tmp, v.to_string()).unwrap();
-        std::fs::rename(tmp, self.dir.join("heater.control")).unwrap();
-        // The heater re-reads its control file every 50 ms.
-        std::thread::sleep(Duration::from_millis(150));
+        self.status()["registers"].clone()
     }
 
     fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Heater {
-    fn drop(&mut self) {
-        self.stop();
+        self.0.stop();
     }
 }
 
@@ -464,7 +410,7 @@ fn a_refusing_slow_or_absent_heater_gets_clear_answers_and_the_estop_still_latch
     // The peer returns: reads reconcile, the latch holds until a reset.
     let dir = r.heater.dir.clone();
     let port = r.heater.port;
-    std::fs::remove_file(dir.join("heater.control")).ok();
+    r.heater.clear_control();
     let back = Heater::start(&dir, port);
     wait_readable(&r.tether, &r.sid);
     let still = setpoint(&r.tether, &r.sid, 30.0);

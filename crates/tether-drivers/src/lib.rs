@@ -14,10 +14,14 @@
 #![deny(missing_docs)]
 
 pub mod arm;
+pub mod mapping;
+pub mod mirror;
 pub mod modbus;
 pub mod mqtt;
+pub mod opcua;
 pub mod relay;
 pub mod remote;
+pub mod scaling;
 pub mod simproc;
 pub mod thermostat;
 
@@ -53,6 +57,7 @@ pub const KINDS: &[&str] = &[
     "remote.arm",
     modbus::KIND,
     "mqtt",
+    opcua::KIND,
 ];
 
 /// Wall-clock milliseconds since the epoch (0 before 1970).
@@ -60,6 +65,42 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How long starting a driver's runtime thread may take.
+const START_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Starts a current-thread runtime on a thread of its own, named
+/// `{protocol}-{device}`: a network driver's I/O must not depend on how
+/// busy the endpoint's runtime is. Dropping the sender ends the thread.
+pub(crate) fn driver_runtime(
+    protocol: &str,
+    device: &str,
+) -> Result<(tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>), String> {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(format!("{protocol}-{device}"))
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => {
+                    let _ = tx.send(Ok(rt.handle().clone()));
+                    rt.block_on(async {
+                        let _ = stop_rx.await;
+                    });
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the driver thread: {e}"))?;
+    rx.recv_timeout(START_MAX)
+        .map_err(|_| "the driver thread did not start".to_owned())?
+        .map(|handle| (handle, stop_tx))
 }
 
 /// One reading of `tether probe`: a mapped field, interlock or watchdog
@@ -89,6 +130,7 @@ pub fn check_map(manifest: &DeviceManifest) -> Vec<(String, String)> {
     match manifest.driver.as_str() {
         modbus::KIND => modbus::check(manifest),
         "mqtt" => mqtt::check(manifest),
+        opcua::KIND => opcua::check(manifest),
         _ => Vec::new(),
     }
 }
@@ -103,6 +145,7 @@ pub async fn probe(
 ) -> Result<Vec<ProbeRow>, String> {
     match manifest.driver.as_str() {
         modbus::KIND => modbus::probe::probe(manifest, timeout).await,
+        opcua::KIND => opcua::probe::probe(manifest, timeout).await,
         "mqtt" => {
             // The MQTT probe runs its own client to the end: off this runtime.
             let m = manifest.clone();
@@ -179,6 +222,7 @@ pub fn build_with(manifest: &DeviceManifest, env: &SimEnv) -> Result<Arc<dyn Dri
         "remote.arm" => Ok(Arc::new(remote::RemoteArm::new(&cfg)?)),
         modbus::KIND => Ok(Arc::new(modbus::ModbusTcp::new(manifest)?)),
         "mqtt" => Ok(Arc::new(mqtt::MqttDriver::new(manifest)?)),
+        opcua::KIND => Ok(Arc::new(opcua::OpcUa::new(manifest)?)),
         other => Err(format!(
             "unknown driver kind `{other}` (known: {})",
             KINDS.join(", ")

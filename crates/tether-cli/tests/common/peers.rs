@@ -163,3 +163,107 @@ pub fn mosquitto() -> PathBuf {
     }
     panic!("the MQTT driver tests need the mosquitto broker: apt-get install mosquitto")
 }
+
+/// A device program (a `examples/*/` peer) running under the pinned
+/// Python, with its JSON-lines log, status file and control file in `dir`,
+/// named `<name>.log`, `<name>.status`, `<name>.control`. Every example peer
+/// takes `--log`, `--status-file` and `--control` and prints `ready <port>`
+/// once it serves.
+pub struct Peer {
+    child: std::process::Child,
+    /// The port it serves on.
+    pub port: u16,
+    /// Where its files are.
+    pub dir: PathBuf,
+    name: String,
+}
+
+impl Peer {
+    /// Starts `script` (relative to the repository) with `args`; waits for
+    /// its `ready` line.
+    pub fn start(script: &str, args: &[String], dir: &Path, name: &str, port: u16) -> Peer {
+        let path = package_dir().join("../..").join(script);
+        let file = |ext: &str| dir.join(format!("{name}.{ext}"));
+        let mut child = Command::new(python())
+            .arg(&path)
+            .args(args)
+            .arg("--log")
+            .arg(file("log"))
+            .arg("--status-file")
+            .arg(file("status"))
+            .arg("--control")
+            .arg(file("control"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {script}: {e}"));
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("{script} did not say ready"));
+        assert!(line.starts_with("ready"), "{script}: {line}");
+        Peer {
+            child,
+            port,
+            dir: dir.to_path_buf(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Every line of its log.
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.join(format!("{}.log", self.name)))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Its logged events named `name`.
+    pub fn events(&self, name: &str) -> Vec<serde_json::Value> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["kind"] == "event" && l["event"] == name)
+            .collect()
+    }
+
+    /// Its status file (`Null` before the first).
+    pub fn status(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.dir.join(format!("{}.status", self.name)))
+            .unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Replaces its control file; waits for it to be re-read (every 50 ms).
+    pub fn control(&self, v: serde_json::Value) {
+        let path = self.dir.join(format!("{}.control", self.name));
+        let tmp = path.with_extension("control.tmp");
+        std::fs::write(&tmp, v.to_string()).expect("write control");
+        std::fs::rename(tmp, path).expect("rename control");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+
+    /// Removes its control file (defaults again on the next start).
+    pub fn clear_control(&self) {
+        let _ = std::fs::remove_file(self.dir.join(format!("{}.control", self.name)));
+    }
+
+    /// Kills it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -6,6 +6,7 @@
 //! declared scale is refused, never rounded or clamped.
 //! **Never here:** I/O, the register map's checks (see `map`).
 
+use crate::scaling::Scaling;
 use serde_json::Value;
 
 /// A Modbus table.
@@ -172,10 +173,6 @@ pub struct Point {
     pub field_unit: Option<String>,
 }
 
-/// Tolerance on "this raw value is an integer": floating-point noise of a
-/// decimal scale (0.3 / 0.1 = 2.9999999999999996), far below a count.
-const INTEGRAL_EPS: f64 = 1e-9;
-
 impl Point {
     /// `holding:0`, as receipts and probes name it.
     pub fn label(&self) -> String {
@@ -189,28 +186,12 @@ impl Point {
             && self.data_type.words() == other.data_type.words()
     }
 
-    /// `1 / scale` when it is an integer (0.1 → 10): dividing by it keeps
-    /// decimal scales exact (215 / 10 is 21.5; 215 * 0.1 is not).
-    fn divisor(&self) -> Option<f64> {
-        let inv = 1.0 / self.scale;
-        (self.scale.abs() < 1.0 && (inv - inv.round()).abs() < INTEGRAL_EPS).then(|| inv.round())
-    }
-
-    fn to_native_unit(&self, v: f64) -> Result<f64, String> {
-        match (&self.field_unit, &self.native_unit) {
-            (Some(f), Some(n)) if f != n => {
-                tether_limits::units::convert(v, f, n).map_err(|e| e.to_string())
-            }
-            _ => Ok(v),
-        }
-    }
-
-    fn to_field_unit(&self, v: f64) -> Result<f64, String> {
-        match (&self.field_unit, &self.native_unit) {
-            (Some(f), Some(n)) if f != n => {
-                tether_limits::units::convert(v, n, f).map_err(|e| e.to_string())
-            }
-            _ => Ok(v),
+    fn scaling(&self) -> Scaling<'_> {
+        Scaling {
+            scale: self.scale,
+            offset: self.offset,
+            native_unit: self.native_unit.as_deref(),
+            field_unit: self.field_unit.as_deref(),
         }
     }
 
@@ -230,14 +211,7 @@ impl Point {
             .as_f64()
             .filter(|x| x.is_finite())
             .ok_or_else(|| format!("{} takes a finite number", self.label()))?;
-        let native = self.to_native_unit(x)? - self.offset;
-        let raw = match self.divisor() {
-            Some(k) => native * k,
-            None => native / self.scale,
-        };
-        if !raw.is_finite() {
-            return Err(format!("{x} is out of range for {}", self.label()));
-        }
+        let raw = self.scaling().raw_of(x, &self.label())?;
         self.raw_to_words(x, raw).map(Native::Words)
     }
 
@@ -253,20 +227,10 @@ impl Point {
             let bits = (raw as f32).to_bits();
             return Ok(self.order([(bits >> 16) as u16, (bits & 0xFFFF) as u16]));
         }
-        let rounded = raw.round();
-        if (raw - rounded).abs() > INTEGRAL_EPS * rounded.abs().max(1.0) {
-            return Err(format!(
-                "{x} is not a whole number of counts at scale {} (declare the resolution, e.g. multipleOf)",
-                self.scale
-            ));
-        }
-        let (lo, hi) = self.data_type.range().unwrap_or((0.0, 0.0));
-        if rounded < lo || rounded > hi {
-            return Err(format!(
-                "{x} is {rounded} counts, outside {} ({lo}..={hi})",
-                self.data_type.as_str()
-            ));
-        }
+        let range = self.data_type.range().unwrap_or((0.0, 0.0));
+        let rounded = self
+            .scaling()
+            .counts(x, raw, range, self.data_type.as_str())?;
         // In range and integral: the casts below are exact.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let words = match self.data_type {
@@ -325,17 +289,7 @@ impl Point {
             }
             _ => return Err(format!("{}: a reading of the wrong length", self.label())),
         };
-        let native = match self.divisor() {
-            Some(k) => raw / k,
-            None => raw * self.scale,
-        } + self.offset;
-        let v = self.to_field_unit(native)?;
-        if !v.is_finite() {
-            return Err(format!(
-                "{}: the reading is not a finite number",
-                self.label()
-            ));
-        }
+        let v = self.scaling().field_of(raw, &self.label())?;
         // Integral values of integer types read as JSON integers.
         if self.scale == 1.0
             && self.offset == 0.0

@@ -36,8 +36,6 @@ pub const KIND: &str = "modbus.tcp";
 /// How long a call may run when the kernel gives no deadline (it always
 /// does; this only bounds the wait if it ever did not).
 const CALL_MAX: Duration = Duration::from_secs(30);
-/// How long starting the driver's runtime thread may take.
-const START_MAX: Duration = Duration::from_secs(5);
 
 /// A Modbus TCP device.
 pub struct ModbusTcp {
@@ -58,39 +56,8 @@ impl std::fmt::Debug for ModbusTcp {
 }
 
 /// Mapping defects of a manifest, as `tether check` reports them.
-pub fn check(manifest: &DeviceManifest) -> Vec<map::MapDefect> {
+pub fn check(manifest: &DeviceManifest) -> Vec<crate::mapping::MapDefect> {
     Map::of(manifest).err().unwrap_or_default()
-}
-
-/// Starts a current-thread runtime on a thread of its own.
-fn start_runtime(
-    name: &str,
-) -> Result<(tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>), String> {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name(format!("modbus-{name}"))
-        .spawn(move || {
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => {
-                    let _ = tx.send(Ok(rt.handle().clone()));
-                    rt.block_on(async {
-                        let _ = stop_rx.await;
-                    });
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                }
-            }
-        })
-        .map_err(|e| format!("cannot start the driver thread: {e}"))?;
-    let handle = rx
-        .recv_timeout(START_MAX)
-        .map_err(|_| "the driver thread did not start".to_owned())??;
-    Ok((handle, stop_tx))
 }
 
 impl ModbusTcp {
@@ -101,7 +68,7 @@ impl ModbusTcp {
     /// Every mapping defect, one a line.
     pub fn new(manifest: &DeviceManifest) -> Result<Self, String> {
         let (map, addr) = Map::load(manifest)?;
-        let (runtime, stop) = start_runtime(&manifest.device_id)?;
+        let (runtime, stop) = crate::driver_runtime("modbus", &manifest.device_id)?;
         let shared = Arc::new(Shared::new(map));
         let lanes = Arc::new(Lanes::new(&shared, addr));
         runtime.spawn(tasks::poll_loop(Arc::downgrade(&shared), addr));
@@ -127,16 +94,13 @@ impl Driver for ModbusTcp {
     fn read(&self, call: &Authorized) -> Result<Value, Signal> {
         let mut doc = JsonMap::new();
         for f in self.shared.map.fields(call.resource()) {
-            let native = self
-                .shared
-                .fresh(f.point.table, f.point.address)
-                .map_err(|e| {
-                    unknown(format!(
-                        "`{}` ({}) is unknown: {e}",
-                        f.name,
-                        f.point.label()
-                    ))
-                })?;
+            let native = self.shared.fresh(&shared::key(&f.point)).map_err(|e| {
+                unknown(format!(
+                    "`{}` ({}) is unknown: {e}",
+                    f.name,
+                    f.point.label()
+                ))
+            })?;
             let v = f
                 .point
                 .decode(&native)
@@ -192,7 +156,7 @@ impl Driver for ModbusTcp {
             .iter()
             .map(|il| {
                 let state = match (
-                    self.shared.fresh(il.point.table, il.point.address),
+                    self.shared.fresh(&shared::key(&il.point)),
                     il.point.encode(&il.closed),
                 ) {
                     (Ok(reading), Ok(closed)) if reading == closed => InterlockState::Closed,

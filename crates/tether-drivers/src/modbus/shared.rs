@@ -1,207 +1,57 @@
-//! What the driver's tasks share: the state mirror, the link, the watchdog
-//! feed and the stop epoch.
+//! What the driver's tasks share: the register map and the device's
+//! mirror (readings, link, watchdog feed, stop epoch — `crate::mirror`),
+//! keyed by register table and address.
 //!
-//! **Owns:** the mirror of every polled point with the time its request was
-//! sent (a reading is fresh for `stale_ms` after that), the link state shown
-//! to operators, and the rules of feeding the watchdog (armed just before a
-//! command, disarmed when the device reads disabled after the last command
-//! ended, or by a stop). Everything here is quick and never awaits.
+//! **Owns:** how a Modbus point names its mirrored reading.
 //! **Never here:** I/O (see `tasks`).
 
-use super::codec::{Native, Table};
+use super::codec::{Native, Point, Table};
 use super::map::Map;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
-use tether_kernel::Link;
+use crate::mirror::{Enabled, Mirror};
+
+/// A mirrored point: its table and first address.
+pub type Key = (Table, u16);
 
 /// One mirrored reading.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// When the request that read it was sent.
-    pub at: Instant,
-    /// The reading, or why the device refused it.
-    pub value: Result<Native, String>,
-}
-
-/// The watchdog feed.
-#[derive(Debug, Default)]
-pub struct Feed {
-    /// Whether the feeder writes the watchdog register.
-    pub armed: bool,
-    /// When the last command ended (a disabled reading sent after it disarms).
-    pub quiet_since: Option<Instant>,
-    /// The value written next.
-    pub counter: u16,
-}
+pub type Sample = crate::mirror::Sample<Native>;
 
 /// State shared by the driver and its tasks.
 #[derive(Debug)]
 pub struct Shared {
     /// The checked map.
     pub map: Map,
-    mirror: Mutex<HashMap<(Table, u16), Sample>>,
-    link: Mutex<Link>,
-    feed: Mutex<Feed>,
-    /// Commands running now (the feed is never disarmed under one).
-    pub calls_in_flight: AtomicUsize,
-    /// Command writes sent and not yet answered (a stop re-asserts itself
-    /// after them: the device may apply them after the stop's own writes).
-    pub writes_in_flight: AtomicUsize,
-    /// Bumped by every stop: a command that sees it move sends nothing more.
-    pub stop_epoch: AtomicU64,
+    mirror: Mirror<Key, Native>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain data: a panic elsewhere leaves it consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+impl std::ops::Deref for Shared {
+    type Target = Mirror<Key, Native>;
+    fn deref(&self) -> &Self::Target {
+        &self.mirror
+    }
+}
+
+/// The mirror key of a point.
+pub fn key(p: &Point) -> Key {
+    (p.table, p.address)
 }
 
 impl Shared {
-    /// Fresh state: disconnected since now, nothing mirrored, feed disarmed
-    /// (a restarted endpoint never resumes its predecessor's feeding).
+    /// Fresh state (see [`Mirror::new`]).
     pub fn new(map: Map) -> Self {
+        let enabled = map.watchdog.as_ref().and_then(|wd| {
+            let field = map
+                .resources
+                .values()
+                .flatten()
+                .find(|f| f.name == wd.enabled_field)?;
+            Some(Enabled {
+                key: key(&field.point),
+                disabled: Native::Bit(false),
+            })
+        });
         Self {
+            mirror: Mirror::new(map.stale, enabled),
             map,
-            mirror: Mutex::new(HashMap::new()),
-            link: Mutex::new(Link {
-                connected: false,
-                since_ms: crate::now_ms(),
-                last_error: None,
-            }),
-            feed: Mutex::new(Feed::default()),
-            calls_in_flight: AtomicUsize::new(0),
-            writes_in_flight: AtomicUsize::new(0),
-            stop_epoch: AtomicU64::new(0),
-        }
-    }
-
-    /// Records a reading.
-    pub fn record(&self, table: Table, address: u16, sample: Sample) {
-        lock(&self.mirror).insert((table, address), sample);
-    }
-
-    /// A reading younger than the freshness bound.
-    ///
-    /// # Errors
-    /// Why there is none: never read, too old, or refused by the device.
-    pub fn fresh(&self, table: Table, address: u16) -> Result<Native, String> {
-        let mirror = lock(&self.mirror);
-        let Some(s) = mirror.get(&(table, address)) else {
-            return Err("not read from the device yet".into());
-        };
-        let age = s.at.elapsed();
-        if age > self.map.stale {
-            return Err(format!(
-                "last read {} ms ago (fresh for {} ms)",
-                age.as_millis(),
-                self.map.stale.as_millis()
-            ));
-        }
-        s.value.clone()
-    }
-
-    /// The sample itself, whatever its age.
-    pub fn sample(&self, table: Table, address: u16) -> Option<Sample> {
-        lock(&self.mirror).get(&(table, address)).cloned()
-    }
-
-    /// The link now.
-    pub fn link(&self) -> Link {
-        lock(&self.link).clone()
-    }
-
-    /// The link answered.
-    pub fn link_up(&self) {
-        let mut l = lock(&self.link);
-        if !l.connected {
-            l.connected = true;
-            l.since_ms = crate::now_ms();
-        }
-    }
-
-    /// The link failed; `error` is already filtered.
-    pub fn link_down(&self, error: String) {
-        let mut l = lock(&self.link);
-        if l.connected {
-            l.connected = false;
-            l.since_ms = crate::now_ms();
-        }
-        l.last_error = Some(error);
-    }
-
-    /// A native error seen on a lane that did not break the link.
-    pub fn note_error(&self, error: String) {
-        lock(&self.link).last_error = Some(error);
-    }
-
-    /// Arms the feed for a command about to start; the next value to write.
-    pub fn arm(&self) -> Option<u16> {
-        self.map.watchdog.as_ref()?;
-        let mut f = lock(&self.feed);
-        f.armed = true;
-        f.quiet_since = None;
-        f.counter = f.counter.wrapping_add(1);
-        Some(f.counter)
-    }
-
-    /// A command ended: a disabled reading sent after now disarms the feed.
-    pub fn call_ended(&self) {
-        lock(&self.feed).quiet_since = Some(Instant::now());
-    }
-
-    /// Stops feeding (a stop, or the device reads disabled).
-    pub fn disarm(&self) {
-        lock(&self.feed).armed = false;
-    }
-
-    /// The value the feeder writes now, if armed.
-    pub fn next_feed(&self) -> Option<u16> {
-        let mut f = lock(&self.feed);
-        if !f.armed {
-            return None;
-        }
-        f.counter = f.counter.wrapping_add(1);
-        Some(f.counter)
-    }
-
-    /// Whether the feed is armed.
-    pub fn armed(&self) -> bool {
-        lock(&self.feed).armed
-    }
-
-    /// Disarms the feed when the device's enabled reading, read after the
-    /// last command ended and with none running, says disabled.
-    pub fn disarm_if_disabled(&self) {
-        let Some(wd) = self.map.watchdog.as_ref() else {
-            return;
-        };
-        if self.calls_in_flight.load(Ordering::SeqCst) > 0 {
-            return;
-        }
-        let Some(field) = self
-            .map
-            .resources
-            .values()
-            .flatten()
-            .find(|f| f.name == wd.enabled_field)
-        else {
-            return;
-        };
-        let sample = self.sample(field.point.table, field.point.address);
-        let mut f = lock(&self.feed);
-        let Some(quiet) = f.quiet_since else {
-            return;
-        };
-        if let Some(Sample {
-            at,
-            value: Ok(Native::Bit(false)),
-        }) = sample
-        {
-            if at > quiet {
-                f.armed = false;
-            }
         }
     }
 }

@@ -11,7 +11,7 @@
 use super::codec::{Native, Point};
 use super::lane::{IoError, Lane};
 use super::map::{Source, Write};
-use super::shared::{Sample, Shared};
+use super::shared::{key, Sample, Shared};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -71,13 +71,13 @@ async fn poll_round(s: &Shared, lane: &mut Lane, points: &[Point]) {
         match lane.read(p, until).await {
             Ok(v) => {
                 s.link_up();
-                s.record(p.table, p.address, Sample { at, value: Ok(v) });
+                s.record(key(p), Sample { at, value: Ok(v) });
             }
             Err(e @ IoError::Exception { .. }) => {
                 s.link_up();
                 s.note_error(format!("{}: {e}", p.label()));
                 let value = Err(format!("the device refused the read: {e}"));
-                s.record(p.table, p.address, Sample { at, value });
+                s.record(key(p), Sample { at, value });
             }
             Err(e) => {
                 // The link is down: the rest of the round would only wait
@@ -114,7 +114,7 @@ pub async fn feed_loop(shared: Weak<Shared>, lanes: Weak<Lanes>) {
 }
 
 /// One watchdog write on the safety lane (a heartbeat, not a command write).
-pub async fn feed(s: &Shared, lanes: &Lanes, value: u16, until: Instant) {
+pub async fn feed(s: &Shared, lanes: &Lanes, value: u32, until: Instant) {
     let Some(wd) = s.map.watchdog.as_ref() else {
         return;
     };
@@ -122,7 +122,12 @@ pub async fn feed(s: &Shared, lanes: &Lanes, value: u16, until: Instant) {
         return;
     };
     if let Err(e) = lane
-        .write(&wd.point, &Native::Words(vec![value]), until)
+        // The counter's low word: consecutive values still differ.
+        .write(
+            &wd.point,
+            &Native::Words(vec![(value & 0xFFFF) as u16]),
+            until,
+        )
         .await
     {
         s.note_error(format!("watchdog {}: {e}", wd.point.label()));
@@ -273,7 +278,7 @@ pub async fn run_call(
     }
     let r = send_all(&s, &mut lane, &planned, &cancel, epoch, until)
         .await
-        .map(|writes| output(&capability_id, &input, writes));
+        .map(|writes| crate::mapping::call_output(&capability_id, &input, writes));
     s.calls_in_flight.fetch_sub(1, Ordering::SeqCst);
     s.call_ended();
     r
@@ -309,22 +314,6 @@ async fn send_all(
         }
     }
     Ok(json!(made))
-}
-
-/// The capability output: the input as applied (the class's own shape:
-/// `{applied, revision}` for configure, the input's fields otherwise) and the
-/// writes made, each with its point, value and raw native value.
-pub fn output(capability_id: &str, input: &Value, writes: Value) -> Value {
-    let mut out = if capability_id == tether_core::catalogue::CONFIGURE {
-        json!({"applied": input, "revision": 0})
-    } else {
-        match input {
-            Value::Object(m) => Value::Object(m.clone()),
-            _ => json!({}),
-        }
-    };
-    out["writes"] = writes;
-    out
 }
 
 fn write_failed(s: &Shared, e: &IoError, made: &[Value], label: &str) -> Signal {

@@ -1,0 +1,223 @@
+//! `opcua`: a device on OPC UA, described entirely by its manifest.
+//!
+//! **Owns:** the `Driver` implementation over a node map (`config`), node ids
+//! and values (`node`), bounded sessions (`session`), the I/O tasks
+//! (`tasks`) and `tether probe`'s reading (`probe`). The driver runs its I/O
+//! on a thread of its own (a current-thread runtime), as `modbus.tcp` does:
+//! drivers are built before the endpoint's runtime, and a device's I/O must
+//! not depend on how busy the endpoint is. Client: async-opcua (`opcua`).
+//! **Never here:** decisions, clamping, rounding, retries of a write or call.
+//!
+//! The kernel's synchronous reads (`read`, `interlocks`) answer from the
+//! mirror (`crate::mirror`): a reading older than `stale_ms` is unknown (and
+//! an unknown interlock blocks like an open one). `estop` hands the stop to
+//! the safety lane and waits for it within the stop's own deadline.
+
+pub mod config;
+pub mod node;
+pub mod probe;
+pub mod session;
+pub mod tasks;
+
+use crate::mapping::{MapDefect, Point as _};
+use crate::mirror::{Enabled, Mirror};
+use config::Map;
+use node::{NodeRef, UaValue};
+use serde_json::{Map as JsonMap, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tasks::{Lane, Lanes};
+use tether_core::manifest::DeviceManifest;
+use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
+
+/// The driver kind in manifests.
+pub const KIND: &str = "opcua";
+
+/// How long a call may run when the kernel gives no deadline (it always
+/// does; this only bounds the wait if it ever did not).
+const CALL_MAX: Duration = Duration::from_secs(30);
+
+/// What the driver and its tasks share: the map and the device's mirror,
+/// keyed by node.
+#[derive(Debug)]
+pub struct Shared {
+    /// The checked map.
+    pub map: Arc<Map>,
+    /// The device (names the driver's clients).
+    pub device_id: String,
+    mirror: Mirror<NodeRef, UaValue>,
+}
+
+impl std::ops::Deref for Shared {
+    type Target = Mirror<NodeRef, UaValue>;
+    fn deref(&self) -> &Self::Target {
+        &self.mirror
+    }
+}
+
+impl Shared {
+    fn new(map: Map, device_id: &str) -> Self {
+        let enabled = map.watchdog.as_ref().and_then(|wd| {
+            let f = map
+                .resources
+                .values()
+                .flatten()
+                .find(|f| f.name == wd.enabled_field)?;
+            Some(Enabled {
+                key: f.point.node.clone(),
+                disabled: UaValue::Bool(false),
+            })
+        });
+        Self {
+            mirror: Mirror::new(map.stale, enabled),
+            map: Arc::new(map),
+            device_id: device_id.to_owned(),
+        }
+    }
+}
+
+/// An OPC UA device.
+pub struct OpcUa {
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    runtime: tokio::runtime::Handle,
+    // Dropping it ends the runtime thread, and with it every task.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for OpcUa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpcUa")
+            .field("endpoint", &self.shared.map.endpoint)
+            .finish()
+    }
+}
+
+/// Mapping defects of a manifest, as `tether check` reports them.
+pub fn check(manifest: &DeviceManifest) -> Vec<MapDefect> {
+    Map::of(manifest).err().unwrap_or_default()
+}
+
+impl OpcUa {
+    /// Builds the driver: checks the map and starts polling (the device may
+    /// be down: the driver starts anyway and reports the link).
+    ///
+    /// # Errors
+    /// Every mapping defect, or a password variable that is not set.
+    pub fn new(manifest: &DeviceManifest) -> Result<Self, String> {
+        let map = Map::load(manifest)?;
+        if let Some((_, env)) = &map.user {
+            if std::env::var_os(env).is_none() {
+                return Err(format!(
+                    "driver_config.password_env: the variable `{env}` is not set"
+                ));
+            }
+        }
+        let id = &manifest.device_id;
+        let (runtime, stop) = crate::driver_runtime("opcua", id)?;
+        let shared = Arc::new(Shared::new(map, id));
+        let lane = || Lane::new(shared.map.clone(), id);
+        let lanes = Arc::new(Lanes {
+            command: tokio::sync::Mutex::new(lane()?),
+            safety: tokio::sync::Mutex::new(lane()?),
+        });
+        runtime.spawn(tasks::poll_loop(Arc::downgrade(&shared), lane()?));
+        runtime.spawn(tasks::feed_loop(
+            Arc::downgrade(&shared),
+            Arc::downgrade(&lanes),
+        ));
+        Ok(Self {
+            shared,
+            lanes,
+            runtime,
+            _stop: stop,
+        })
+    }
+}
+
+fn unknown(message: String) -> Signal {
+    Signal::OutcomeUnknown { message }
+}
+
+impl Driver for OpcUa {
+    fn read(&self, call: &Authorized) -> Result<Value, Signal> {
+        let mut doc = JsonMap::new();
+        for f in self.shared.map.fields(call.resource()) {
+            let native = self.shared.fresh(&f.point.node).map_err(|e| {
+                unknown(format!(
+                    "`{}` ({}) is unknown: {e}",
+                    f.name,
+                    f.point.label()
+                ))
+            })?;
+            let v = f
+                .point
+                .decode(&native)
+                .map_err(|e| unknown(format!("`{}`: {e}", f.name)))?;
+            doc.insert(f.name.clone(), v);
+        }
+        Ok(Value::Object(doc))
+    }
+
+    fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
+        let steps = self.shared.map.targets.get(call.target()).cloned();
+        let until = call.deadline().unwrap_or_else(|| Instant::now() + CALL_MAX);
+        let (s, l) = (self.shared.clone(), self.lanes.clone());
+        let input = (call.capability_id().to_owned(), call.input().clone());
+        let target = call.target().to_owned();
+        Box::pin(async move {
+            let Some(steps) = steps else {
+                return Err(Signal::Failed {
+                    reason: "unknown_target".into(),
+                    message: format!("the node map has no target `{target}`"),
+                });
+            };
+            let task = self
+                .runtime
+                .spawn(tasks::run_call(s, l, steps, input, cancel, until));
+            task.await
+                .unwrap_or_else(|_| Err(unknown("the driver's call task ended abnormally".into())))
+        })
+    }
+
+    fn estop(&self, call: &Authorized) -> Result<(), Signal> {
+        let until = call
+            .deadline()
+            .unwrap_or_else(|| Instant::now() + self.shared.map.request_timeout);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let stopping = tasks::stop(self.shared.clone(), self.lanes.clone(), until);
+        self.runtime.spawn(async move {
+            let _ = tx.send(stopping.await);
+        });
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(_) => Err(unknown(format!(
+                "the native stop was not confirmed by {} within its deadline",
+                self.shared.map.endpoint
+            ))),
+        }
+    }
+
+    fn interlocks(&self) -> Vec<(String, InterlockState)> {
+        self.shared
+            .map
+            .interlocks
+            .iter()
+            .map(|il| {
+                let state = match (
+                    self.shared.fresh(&il.point.node),
+                    il.point.encode(&il.closed),
+                ) {
+                    (Ok(reading), Ok(closed)) if reading == closed => InterlockState::Closed,
+                    (Ok(_), Ok(_)) => InterlockState::Open,
+                    _ => InterlockState::Unknown,
+                };
+                (il.id.clone(), state)
+            })
+            .collect()
+    }
+
+    fn link(&self) -> Option<Link> {
+        Some(self.shared.link())
+    }
+}
