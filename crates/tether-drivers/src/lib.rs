@@ -2,8 +2,10 @@
 //!
 //! Owns the simulated cell that `tether serve` runs when no config is given:
 //! `thermostat-1` ([`thermostat`]), `arm-1` ([`arm`]) and `relay-1`
-//! ([`relay`]), their manifests (`cell/*.toml`, shipped as data), and the
-//! factory that builds a driver from a manifest's `driver` kind.
+//! ([`relay`]), their manifests (`cell/*.toml`, shipped as data); the
+//! protocol drivers a manifest describes a real device with ([`modbus`],
+//! [`mqtt`], [`opcua`], sharing [`mapping`], [`mirror`] and [`scaling`]);
+//! and the factory that builds a driver from a manifest's `driver` kind.
 //!
 //! **Never belongs here:** decisions (limits, latches, grants — the kernel
 //! owns them), wire framing, storage. A driver translates and reports signals;

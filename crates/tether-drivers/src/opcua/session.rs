@@ -143,9 +143,10 @@ fn mode(m: Mode) -> MessageSecurityMode {
 /// A configuration the library refuses.
 pub fn client(map: &Map, device_id: &str) -> Result<opcua::client::Client, String> {
     let secure = map.policy != Policy::None;
-    let pki = map.pki_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join("tether-opcua-client")
-    });
+    let pki = map
+        .pki_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("tether-opcua-client"));
     ClientBuilder::new()
         .application_name(format!("Tether ({device_id})"))
         .application_uri(format!("urn:tether:client:{device_id}"))
