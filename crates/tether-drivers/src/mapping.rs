@@ -423,6 +423,18 @@ pub fn resolve_targets<P: Point, R, S: Step>(
             continue;
         }
         let at = format!("driver_config.targets.{target}");
+        if b.kind == Some(tether_core::manifest::CommandKind::Leased) {
+            // A register or node map has no lease to renew or completion to
+            // read: a "leased" command here would run unleased, and that
+            // is refused rather than pretended.
+            defects.push((
+                format!("bindings[{i}].kind"),
+                format!(
+                    "`{}` maps no lease (a point to renew and a reading that says the command ended), so a `leased` binding cannot run here: declare `time_bounded` with `max_duration_ms` (the device's own watchdog stops it if Tether dies)",
+                    m.driver
+                ),
+            ));
+        }
         let Some(steps) = raw.get(&target) else {
             defects.push((
                 at,
