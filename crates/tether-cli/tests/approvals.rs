@@ -1160,3 +1160,90 @@ fn a_safe_place_grant_is_the_operators_decision_under_the_default_policy() {
     let again = ok(&s, ALICE, "mhs.command", cmd);
     assert_rejected(&again, "MHS.SAFETY.ESTOP_ENGAGED");
 }
+
+/// Two endpoints on one state directory: a hold made by one appears in the
+/// other within a second, with the input, limits and facts an operator
+/// decides on; votes cast in the second (a quorum of two) let the agent's
+/// retry in the first run at once, and a third endpoint started later sees
+/// the approval used.
+#[test]
+fn a_hold_made_in_one_process_is_decided_in_another_and_the_retry_runs_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let a = start(dir.path(), &cfg);
+    let b = start(dir.path(), &cfg);
+    let sid = session(&a, AGENT);
+    let id = held_approval(&setpoint(&a, AGENT, &sid, "hot-x", 72.5));
+
+    // Seen by the other endpoint within a second, with what it is about.
+    let t0 = std::time::Instant::now();
+    let seen = loop {
+        let got = call(&b, ALICE, "mhs.approvals.get", json!({"approval_id": id}));
+        if let Some(r) = got.get("result") {
+            break r.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never seen: {got}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("hold seen by the other endpoint after {:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(seen["input"], json!({"target_temperature": 72.5}), "{seen}");
+    assert_eq!(
+        seen["limits"]["limits"]["target_temperature"]["max"], 90,
+        "{seen}"
+    );
+    assert_eq!(
+        seen["limits"]["limits"]["target_temperature"]["unit"], "degC",
+        "{seen}"
+    );
+    for key in [
+        "device_id",
+        "capability_id",
+        "mode",
+        "risk",
+        "session_id",
+        "reason",
+        "policies",
+        "quorum",
+        "expires_at_ms",
+    ] {
+        assert!(!seen[key].is_null(), "{key} missing: {seen}");
+    }
+    assert_eq!(seen["requested_by"]["id"], "planner", "{seen}");
+    let listed = ok(&b, BOB, "mhs.approvals.list", json!({"status": "pending"}));
+    assert_eq!(
+        listed["approvals"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+
+    // Two operators approve on the other endpoint.
+    for token in [ALICE, BOB] {
+        let r = decide(&b, token, &id, "approve");
+        assert!(r.get("error").is_none(), "{r}");
+    }
+    // The retry on the first endpoint runs at once.
+    let done = setpoint(&a, AGENT, &sid, "hot-x", 72.5);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(live_setpoint(&a, AGENT, &sid), 72.5);
+
+    // Used: the other endpoint says so, and a vote there is refused.
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = ok(&b, ALICE, "mhs.approvals.get", json!({"approval_id": id}));
+        if got["status"] == "used" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{got}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The same command sent to the other endpoint never runs twice: its
+    // approval is spent there too (or its receipt replays).
+    let again = setpoint(&b, AGENT, &session(&b, AGENT), "hot-x", 72.5);
+    assert!(
+        again["replayed"] == true || again["error"]["mhs_code"] == "MHS.POLICY.APPROVAL_CLOSED",
+        "{again}"
+    );
+    let closed = decide(&b, CAROL, &id, "approve");
+    assert!(closed.get("error").is_some(), "{closed}");
+}

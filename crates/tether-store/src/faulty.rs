@@ -76,6 +76,11 @@ impl Store for FaultyStore {
         self.inner.approvals()
     }
 
+    fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {
+        self.read_check()?;
+        self.inner.approvals_since(after)
+    }
+
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError> {
         self.read_check()?;
         self.inner.open_ops()

@@ -241,6 +241,10 @@ pub struct ApprovalRow {
     pub record: Value,
 }
 
+/// Most approval records one [`Store::approvals_since`] answers; a reader
+/// behind by more asks again from the position it was given.
+pub const APPROVALS_SINCE_MAX: usize = 4096;
+
 /// One invocation of the REST tool gateway, retained so that its id answers
 /// after a restart. The store keeps `info` as given (the gateway decides what
 /// it holds: tool, attempt, command id, status, receipt). Written as a value
@@ -396,6 +400,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every approval record, oldest first.
     fn approvals(&self) -> Result<Vec<ApprovalRow>, StoreError>;
+
+    /// Approval records written (created, voted on, used, revoked) by any
+    /// process after chain position `after`, oldest write first, at most
+    /// [`APPROVALS_SINCE_MAX`]; with the newest position among them (`after`
+    /// when none). An endpoint keeps the position and asks again with it.
+    fn approvals_since(&self, after: u64) -> Result<(Vec<ApprovalRow>, u64), StoreError>;
+
     /// The recorded invocation `invocation_id`, if any.
     fn invocation(&self, invocation_id: &str) -> Result<Option<InvocationRow>, StoreError>;
 

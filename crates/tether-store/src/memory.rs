@@ -36,6 +36,9 @@ struct State {
     version: u64,
     open_ops: BTreeMap<String, crate::OpenOp>,
     approvals: Vec<crate::ApprovalRow>,
+    /// The chain position (head after the commit) that last wrote each
+    /// approval, as SQLite's `updated_seq`.
+    approval_versions: HashMap<String, u64>,
     /// Invocation records by id, as SQLite stores them.
     invocations: HashMap<String, StoredInvocation>,
 }
@@ -257,6 +260,8 @@ impl State {
 
     fn upsert_approvals(&mut self, approvals: &[(crate::ApprovalRow, String)]) {
         for (a, _) in approvals {
+            let at = self.events.len() as u64;
+            self.approval_versions.insert(a.approval_id.clone(), at);
             match self
                 .approvals
                 .iter_mut()
@@ -425,5 +430,25 @@ impl Store for MemoryStore {
 
     fn change_token(&self) -> Result<u64, StoreError> {
         Ok(lock(&self.state).version)
+    }
+
+    fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {
+        let st = lock(&self.state);
+        let mut rows: Vec<(u64, &crate::ApprovalRow)> = st
+            .approvals
+            .iter()
+            .filter_map(|a| {
+                let v = st
+                    .approval_versions
+                    .get(&a.approval_id)
+                    .copied()
+                    .unwrap_or(0);
+                (v > after).then_some((v, a))
+            })
+            .collect();
+        rows.sort_by_key(|(v, _)| *v);
+        rows.truncate(crate::APPROVALS_SINCE_MAX);
+        let newest = rows.last().map_or(after, |(v, _)| *v);
+        Ok((rows.into_iter().map(|(_, a)| a.clone()).collect(), newest))
     }
 }

@@ -186,6 +186,37 @@ fn approvals_upsert_keep_creation_order_and_survive_reopen() {
 }
 
 #[test]
+fn approvals_since_answers_what_was_written_after_a_position() {
+    both(|s| {
+        s.commit_blocking(full_commit("a")).expect("a");
+        let (all, pos_a) = s.approvals_since(0).expect("since 0");
+        assert_eq!(all.len(), 1);
+        assert!(pos_a > 0);
+        let (none, same) = s.approvals_since(pos_a).expect("nothing newer");
+        assert!(none.is_empty());
+        assert_eq!(same, pos_a);
+        s.commit_blocking(full_commit("b")).expect("b");
+        // A vote on `a` after `b` was created: both are newer than pos_a,
+        // oldest write first.
+        s.commit_blocking(Commit {
+            events: vec![event("approval.vote", json!({"approval_id": "appr-a"}))],
+            approvals: vec![tether_store::ApprovalRow {
+                approval_id: "appr-a".into(),
+                record: json!({"status": "approved"}),
+            }],
+            ..Commit::default()
+        })
+        .expect("vote");
+        let (rows, pos) = s.approvals_since(pos_a).expect("since a");
+        let ids: Vec<&str> = rows.iter().map(|r| r.approval_id.as_str()).collect();
+        assert_eq!(ids, ["appr-b", "appr-a"]);
+        assert_eq!(rows[1].record["status"], "approved");
+        assert!(pos > pos_a);
+        assert!(s.approvals_since(pos).expect("caught up").0.is_empty());
+    });
+}
+
+#[test]
 fn durability_flags() {
     assert!(!MemoryStore::new().durable());
     let dir = tempfile::tempdir().expect("tempdir");
@@ -777,8 +808,40 @@ fn version_4_invocation_rows_survive_the_move_to_indexed_records() {
     assert!(s.invocation("inv_new").expect("read").is_some());
 }
 
+#[test]
+fn version_5_approvals_are_found_by_position_after_the_migration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(full_commit("old")).expect("old");
+    }
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    downgrade_approvals_to_v5(&db);
+    drop(db);
+    let s = SqliteStore::open(dir.path()).expect("migrated");
+    let (rows, pos) = s.approvals_since(0).expect("since 0");
+    assert_eq!(
+        rows.len(),
+        1,
+        "the old approval is at its creation position"
+    );
+    assert_eq!(rows[0].approval_id, "appr-old");
+    assert!(pos > 0);
+}
+
+/// The version 5 `approvals` table (no `updated_seq`), rows kept.
+fn downgrade_approvals_to_v5(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "DROP INDEX approvals_updated;
+         ALTER TABLE approvals DROP COLUMN updated_seq;
+         DELETE FROM schema_version WHERE version = 6;",
+    )
+    .expect("v5 layout");
+}
+
 /// The version 4 `invocations` table (a full row per invocation), rows kept.
 fn downgrade_invocations_to_v4(db: &rusqlite::Connection) {
+    downgrade_approvals_to_v5(db);
     db.execute_batch(
         "CREATE TABLE invocations_v4(invocation_id TEXT PRIMARY KEY, info TEXT NOT NULL) WITHOUT ROWID;
          INSERT INTO invocations_v4 SELECT invocation_id, info FROM invocations WHERE info IS NOT NULL;

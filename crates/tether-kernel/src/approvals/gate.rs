@@ -158,6 +158,8 @@ impl Kernel {
 
     /// Step 10's approval gate. `create` is false for dry runs.
     pub(crate) fn approval_gate(&self, need: &Need<'_>, held: bool, create: bool) -> Gate {
+        // A quorum met in another process covers this retry at once.
+        self.sync_approvals();
         let Ok(mut t) = self.inner.approvals.lock() else {
             return Gate::Refused {
                 refusal: lock_refusal(),

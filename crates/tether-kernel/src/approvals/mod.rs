@@ -16,7 +16,7 @@
 //! fingerprint, by request) and its restore from the store (here); step 10's
 //! gate and an approval's life from request to use or revocation
 //! (`gate.rs`); the verbs `mhs.approvals.list|get|decide` and who may vote
-//! (`verbs.rs`).
+//! (`verbs.rs`); what other processes on the store decided (`sync.rs`).
 //! **Never belongs here:** whether a command needs an approval (the policy
 //! and permit rules, `check/policy.rs`, `check/permits.rs`); when an e-stop
 //! revokes (`safety/estop.rs` calls in).
@@ -27,9 +27,11 @@
 //! memory at once, whether or not its record lands.
 
 mod gate;
+mod sync;
 mod verbs;
 
 pub(crate) use gate::{Gate, Need};
+pub(crate) use sync::APPROVAL_SYNC_MS;
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -181,6 +183,9 @@ pub(crate) struct Approvals {
     by_id: HashMap<String, Approval>,
     by_key: HashMap<String, String>,
     by_request: HashMap<String, String>,
+    /// The chain position up to which the store's approval writes are merged
+    /// here (`Store::approvals_since`): other processes' holds and votes.
+    pub(crate) seen: u64,
 }
 
 /// Splits a fingerprint `requester|command_id|binding/digest` into its command
@@ -230,6 +235,43 @@ impl Approvals {
             }
         }
         t
+    }
+}
+
+impl Approvals {
+    /// Merges stored records: approvals other processes on the store made,
+    /// and votes, uses and revocations they wrote. The stored record is the
+    /// truth for an approval this process holds durably and is not using; an
+    /// approval it is still making durable, or one a command of its own has
+    /// reserved, keeps its local state. A closed approval not in memory stays
+    /// out (the store keeps every one; memory keeps what can still matter),
+    /// and a full table takes no more.
+    pub(crate) fn merge(&mut self, rows: &[ApprovalRow], now: u64) {
+        for row in rows {
+            let Some(a) = Approval::from_stored(row) else {
+                tracing::warn!(approval_id = %row.approval_id, "unreadable approval record ignored");
+                continue;
+            };
+            match self.by_id.get(&a.id) {
+                Some(local) if !local.durable || local.reserved_by.is_some() => {}
+                Some(_) => {
+                    self.remove(&row.approval_id);
+                    self.insert(a);
+                }
+                None => {
+                    let open = matches!(
+                        a.status_at(now),
+                        Status::Pending | Status::Approved | Status::Denied
+                    );
+                    if open && self.by_id.len() >= APPROVALS_MAX {
+                        prune_closed(self, now);
+                    }
+                    if open && self.by_id.len() < APPROVALS_MAX {
+                        self.insert(a);
+                    }
+                }
+            }
+        }
     }
 }
 

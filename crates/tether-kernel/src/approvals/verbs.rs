@@ -90,6 +90,7 @@ impl Kernel {
         };
         let limit = page_limit(limit)?;
         let after = cursor.map(parse_cursor).transpose()?;
+        self.sync_approvals();
         let t = self
             .inner
             .approvals
@@ -126,6 +127,7 @@ impl Kernel {
     /// # Errors
     /// Unknown id, or not the caller's and the caller is no operator.
     pub fn approvals_get(&self, p: &Principal, id: &str) -> Result<Value, ApiError> {
+        self.sync_approvals();
         let t = self
             .inner
             .approvals
@@ -158,6 +160,8 @@ impl Kernel {
         }
         let reason =
             crate::bounds::within("reason", reason, self.inner.config.text_chars_max)?.to_owned();
+        // Votes another process recorded count before this one is added.
+        self.sync_approvals();
         let (record, event) = {
             let mut t = self
                 .inner

@@ -246,7 +246,9 @@ impl Kernel {
             quorum,
             reason: &reason,
             policies: &policies,
-            facts: json!({"device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "input_digest": ctx.digest, "command_id": ctx.command_id, "session_id": ctx.session_id, "risk": b.risk.as_str(), "mode": dev.spec.manifest.mode.as_str()}),
+            // What the operator decides on: the exact input (its digest
+            // binds the approval) and the limits it was checked against.
+            facts: json!({"device_id": dev.id(), "capability_id": b.capability_id, "resource": b.resource, "input_digest": ctx.digest, "input": ctx.input, "limits": crate::reference::effective_limits(b), "command_id": ctx.command_id, "session_id": ctx.session_id, "risk": b.risk.as_str(), "mode": dev.spec.manifest.mode.as_str(), "command_kind": b.kind.as_str()}),
             requester: &ctx.principal,
         };
         match self.approval_gate(&need, held, create) {

@@ -174,7 +174,11 @@ impl Kernel {
         let ledger = restore_budgets(store.as_ref(), now)?;
         let sessions = Sessions::new(config.sessions_max);
         let policy = crate::check::policy::load(&config, &devices).map_err(StartError::Policy)?;
-        let approvals = Approvals::restore(&store.approvals().map_err(StartError::Store)?);
+        // The head first: an approval written after it is merged later
+        // (`sync_approvals`), one written before is in what is read now.
+        let head = store.chain_head().map_err(StartError::Store)?;
+        let mut approvals = Approvals::restore(&store.approvals().map_err(StartError::Store)?);
+        approvals.seen = head.map_or(0, |(seq, _)| seq);
         let kernel = Kernel {
             inner: Arc::new(Inner {
                 config,

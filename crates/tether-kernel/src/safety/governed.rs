@@ -27,6 +27,8 @@ pub const STOP_STALE_MS: u64 = 250;
 
 // Stale means many polls missed, never one slow poll.
 const _: () = assert!(STOP_STALE_MS >= 10 * STOP_POLL_MS);
+/// How often, at most, the watcher merges approval writes.
+const APPROVAL_SYNC: Duration = Duration::from_millis(crate::approvals::APPROVAL_SYNC_MS);
 /// The latch row that stands for every device.
 pub const ALL_DEVICES: &str = "*";
 
@@ -208,6 +210,8 @@ impl Kernel {
 
     fn watch_loop(&self, stop: &AtomicBool, runtime: &tokio::runtime::Handle) {
         let mut last_token: Option<u64> = None;
+        let mut approvals_synced = Instant::now();
+        let mut approvals_behind = false;
         // Runs for the life of the endpoint; each round sleeps one poll interval.
         while !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(STOP_POLL_MS));
@@ -219,11 +223,18 @@ impl Kernel {
                     continue;
                 }
             };
+            if approvals_behind && approvals_synced.elapsed() >= APPROVAL_SYNC {
+                // Other processes' holds and votes, at most every 100 ms.
+                self.sync_approvals();
+                approvals_synced = Instant::now();
+                approvals_behind = false;
+            }
             if last_token == Some(token) {
                 health.last_ok_ms.store(now_ms(), Ordering::SeqCst);
                 health.unreadable.store(false, Ordering::SeqCst);
                 continue;
             }
+            approvals_behind = true;
             match self.inner.store.latches() {
                 Ok(rows) => {
                     last_token = Some(token);

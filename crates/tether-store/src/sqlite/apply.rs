@@ -410,15 +410,16 @@ fn delete_open_ops(conn: &Connection, command_ids: &[String]) -> Result<(), Stor
 }
 
 /// Upserts approval records; a new one is created at `head_seq`, the
-/// commit's last entry (which orders [`crate::Store::approvals`]).
+/// commit's last entry (which orders [`crate::Store::approvals`]), and every
+/// write marks the record updated there ([`crate::Store::approvals_since`]).
 fn upsert_approvals(
     conn: &Connection,
     approvals: &[(ApprovalRow, String)],
     head_seq: u64,
 ) -> Result<(), StoreError> {
     let mut upsert = conn.prepare_cached(
-        "INSERT INTO approvals(approval_id, record, created_seq) VALUES (?1, ?2, ?3)
-         ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record",
+        "INSERT INTO approvals(approval_id, record, created_seq, updated_seq) VALUES (?1, ?2, ?3, ?3)
+         ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record, updated_seq = excluded.updated_seq",
     )?;
     for (a, record_json) in approvals {
         upsert.execute(params![&a.approval_id, record_json, seq_to_db(head_seq)?])?;

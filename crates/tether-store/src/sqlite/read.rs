@@ -124,6 +124,34 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT approval_id, record, updated_seq FROM approvals WHERE updated_seq > ?1
+             ORDER BY updated_seq, approval_id LIMIT ?2",
+        )?;
+        let limit = i64::try_from(crate::APPROVALS_SINCE_MAX).unwrap_or(i64::MAX);
+        let rows = st.query_map(params![seq_to_db(after)?, limit], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let (mut out, mut newest) = (Vec::new(), after);
+        for row in rows {
+            let (approval_id, record, seq) = row?;
+            newest = newest.max(u64::try_from(seq).unwrap_or(0));
+            let record: Value = serde_json::from_str(&record)
+                .map_err(|e| corrupt_json("approval", &approval_id, e))?;
+            out.push(crate::ApprovalRow {
+                approval_id,
+                record,
+            });
+        }
+        Ok((out, newest))
+    }
+
     fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
         let conn = self.read();
         let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn

@@ -9,7 +9,7 @@ use crate::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
@@ -102,6 +102,15 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ) WITHOUT ROWID;
     INSERT INTO invocations(invocation_id, info) SELECT invocation_id, info FROM invocations_v4;
     DROP TABLE invocations_v4;",
+    ),
+    (
+        6,
+        // Each approval record carries the chain position of the commit that
+        // last wrote it, so an endpoint reads only what changed since it last
+        // looked (approvals and votes made by other processes on the store).
+        "ALTER TABLE approvals ADD COLUMN updated_seq INTEGER NOT NULL DEFAULT 0;
+    UPDATE approvals SET updated_seq = created_seq;
+    CREATE INDEX approvals_updated ON approvals(updated_seq);",
     ),
 ];
 
