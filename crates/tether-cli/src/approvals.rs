@@ -46,9 +46,8 @@ fn refused(v: &serde_json::Value) -> anyhow::Result<Option<ExitCode>> {
         return Ok(None);
     };
     eprintln!(
-        "tether: {} ({})",
-        e["message"].as_str().unwrap_or("refused"),
-        e["data"]["mhs_code"].as_str().unwrap_or("?")
+        "tether: {}",
+        rpc::refusal_text(e, rpc::operator_token().as_deref())
     );
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(Some(ExitCode::from(1)))

@@ -72,8 +72,13 @@ pub enum Command {
     Approvals {
         #[command(subcommand)]
         action: ApprovalAction,
-        /// The endpoint's JSON-RPC URL.
-        #[arg(long, global = true, default_value = "http://127.0.0.1:7878/rpc")]
+        /// The endpoint's JSON-RPC URL (of `tether serve --http ADDR`).
+        #[arg(
+            long,
+            global = true,
+            env = "TETHER_ENDPOINT",
+            default_value = "http://127.0.0.1:7878/rpc"
+        )]
         endpoint: String,
     },
     /// Print a device's reference file (limits with units and sources, safety).
@@ -124,8 +129,12 @@ pub enum Command {
         /// Device to reset.
         #[arg(long)]
         device: String,
-        /// The endpoint's JSON-RPC URL.
-        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        /// The endpoint's JSON-RPC URL (of `tether serve --http ADDR`).
+        #[arg(
+            long,
+            env = "TETHER_ENDPOINT",
+            default_value = "http://127.0.0.1:7878/rpc"
+        )]
         endpoint: String,
         /// Why (recorded in the evidence).
         #[arg(long, default_value = "operator reset from a shell")]
@@ -137,8 +146,12 @@ pub enum Command {
         /// Device to arm.
         #[arg(long)]
         device: String,
-        /// The endpoint's JSON-RPC URL.
-        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        /// The endpoint's JSON-RPC URL (of `tether serve --http ADDR`).
+        #[arg(
+            long,
+            env = "TETHER_ENDPOINT",
+            default_value = "http://127.0.0.1:7878/rpc"
+        )]
         endpoint: String,
         /// Why (recorded in the evidence).
         #[arg(long, default_value = "armed by an operator from a shell")]
@@ -149,8 +162,12 @@ pub enum Command {
         /// Device to disarm.
         #[arg(long)]
         device: String,
-        /// The endpoint's JSON-RPC URL.
-        #[arg(long, default_value = "http://127.0.0.1:7878/rpc")]
+        /// The endpoint's JSON-RPC URL (of `tether serve --http ADDR`).
+        #[arg(
+            long,
+            env = "TETHER_ENDPOINT",
+            default_value = "http://127.0.0.1:7878/rpc"
+        )]
         endpoint: String,
         /// Why (recorded in the evidence).
         #[arg(long, default_value = "disarmed from a shell")]
@@ -163,14 +180,27 @@ pub enum Command {
     },
     /// Print the MHS error-code registry as Markdown.
     Codes,
+    /// Tokens for `[[principals]]`.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenAction {
+    /// Print a fresh random token (give it to the caller, e.g. in its
+    /// TETHER_TOKEN) and the `token_sha256` line for the config (which
+    /// keeps only the digest).
+    New,
 }
 
 #[derive(Subcommand)]
 pub enum ApprovalAction {
     /// List approvals (operators see all, others their own).
     List {
-        /// Only this status: pending, approved, denied, used or expired.
-        #[arg(long)]
+        /// Only this status.
+        #[arg(long, value_parser = ["pending", "approved", "denied", "used", "expired", "revoked"])]
         status: Option<String>,
     },
     /// Show one approval.

@@ -56,6 +56,7 @@ fn main() -> ExitCode {
             | Command::Describe { .. }
             | Command::Probe { .. }
             | Command::Codes
+            | Command::Token { .. }
             | Command::Audit { .. }
     ) {
         die_quietly_on_closed_pipe();
@@ -130,6 +131,16 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Sim { action } => sim::sim(action),
         Command::Codes => {
             print!("{}", tether_core::codes::registry_markdown());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Token {
+            action: cli::TokenAction::New,
+        } => {
+            let token = tether_core::ids::token();
+            let digest = hex::encode(tether_server::auth::token_digest(&token));
+            println!("{token}");
+            println!("token_sha256 = \"{digest}\"");
+            eprintln!("tether: the first line is the token (keep it secret, give it to its caller); the second goes in that principal's [[principals]] entry");
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -50,6 +50,15 @@ pub fn reset(device: &str, endpoint: &str, reason: &str) -> anyhow::Result<ExitC
     // script a model could run: check the device's mode first.
     let get = serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "mhs.devices.get", "params": {"device_id": device}});
     let about = rpc::call(endpoint, &get, token.as_deref())?;
+    if let Some(e) = about.get("error") {
+        // The real cause (no token, a token the endpoint does not know, an
+        // unknown device), not a guess about terminals.
+        eprintln!(
+            "tether: cannot reset `{device}`: {}",
+            rpc::refusal_text(e, token.as_deref())
+        );
+        return Ok(ExitCode::from(1));
+    }
     let mode = about["result"]["device"]["mode"]
         .as_str()
         .unwrap_or("unknown")

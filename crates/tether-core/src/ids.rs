@@ -86,6 +86,21 @@ pub fn mint(prefix: &str) -> String {
     format!("{prefix}{}", ulid::Ulid::new())
 }
 
+/// A fresh bearer token for a principal: `tt_` and 32 random bytes from the
+/// operating system's generator, in hex (256 bits: never guessed).
+pub fn token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    let mut out = String::with_capacity(3 + 64);
+    out.push_str("tt_");
+    for b in bytes {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
 /// Mints an unguessable id: `<prefix><ULID>_<64 random bits hex>`.
 pub fn mint_secret(prefix: &str) -> String {
     let extra: u64 = rand::random();
