@@ -196,15 +196,37 @@ fn refusal_line(code: &str, message: &str, details: &Value, status: &str) -> Str
     }
     line.push_str(&detail_sentences(details));
     if let Some(id) = details.get("approval_id").and_then(Value::as_str) {
-        line.push_str(&format!(
-            " Held for approval `{id}`: a person must approve or deny it; a model cannot. \
-             Nothing runs until then."
-        ));
+        line.push_str(&held_sentences(id, details));
     }
     if status == "rejected" {
         line.push_str(" Nothing was dispatched.");
     }
     line
+}
+
+/// A hold in words: the approval, why, how many people must agree and how
+/// many have, and what the model does next (wait, then call again).
+fn held_sentences(id: &str, details: &Value) -> String {
+    let mut out = format!(
+        " Held for approval `{id}`: a person must approve or deny it; a model cannot. Nothing runs until then."
+    );
+    if let Some(reason) = details.get("reason").and_then(Value::as_str) {
+        out.push_str(&format!(" Why: {reason}."));
+    }
+    if let Some(q) = details.get("quorum").and_then(Value::as_u64) {
+        let have = details
+            .get("approvals")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let people = if q == 1 { "operator" } else { "operators" };
+        out.push_str(&format!(
+            " It needs {q} {people} to approve; {have} have so far."
+        ));
+    }
+    out.push_str(
+        " Tell the user a person must decide. Once approved, call this tool again with exactly the same arguments: it resumes this hold and runs; a denial is final.",
+    );
+    out
 }
 
 /// The details other refusals carry, in words a model can act on: schema
@@ -373,11 +395,23 @@ mod tests {
         let line = refusal_line(
             "MHS.POLICY.HELD",
             "held",
-            &json!({"approval_id": "apr_1"}),
+            &json!({"approval_id": "apr_1", "reason": "setpoints above 60 degC need two operators", "quorum": 2, "approvals": 1}),
             "rejected",
         );
         assert!(line.contains("`apr_1`"), "{line}");
         assert!(line.contains("a person must approve or deny"), "{line}");
+        assert!(
+            line.contains("Why: setpoints above 60 degC need two operators."),
+            "{line}"
+        );
+        assert!(
+            line.contains("needs 2 operators to approve; 1 have so far"),
+            "{line}"
+        );
+        assert!(
+            line.contains("call this tool again with exactly the same arguments"),
+            "{line}"
+        );
     }
 
     #[test]
