@@ -41,7 +41,13 @@ pub fn call(
 pub fn refusal_text(error: &serde_json::Value, token: Option<&str>) -> String {
     let code = error["data"]["mhs_code"].as_str().unwrap_or("?");
     let message = error["message"].as_str().unwrap_or("refused");
-    let hint = if token.is_none() && code.starts_with("MHS.AUTH") {
+    let auth = [
+        tether_core::Code::AuthUnauthenticated,
+        tether_core::Code::AuthForbidden,
+    ]
+    .iter()
+    .any(|c| c.as_str() == code);
+    let hint = if token.is_none() && auth {
         " — set TETHER_TOKEN to an operator's token"
     } else {
         ""

@@ -187,6 +187,11 @@ async fn serve_network(
             listener.local_addr()?,
             dir.display()
         );
+        eprintln!(
+            "tether: operator console at {}://{}/console/",
+            settings.scheme(),
+            listener.local_addr()?
+        );
         say_served_names(&listener, names)?;
         let done = shutdown.clone();
         let server = tether_server::http::serve_on(

@@ -43,8 +43,12 @@ pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge) -> Router {
     Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(healthz))
-        .with_state(AppState { kernel, auth })
+        .with_state(AppState {
+            kernel: kernel.clone(),
+            auth: Arc::clone(&auth),
+        })
         .merge(rest)
+        .merge(crate::console::router(kernel, auth))
         .fallback(crate::rest::not_found)
         .method_not_allowed_fallback(crate::rest::method_not_allowed)
         .layer(middleware::from_fn_with_state(guard, edge_guard))

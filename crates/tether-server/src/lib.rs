@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod console;
 pub mod edge;
 pub mod http;
 pub mod listener;

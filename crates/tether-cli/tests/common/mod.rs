@@ -196,6 +196,11 @@ impl Server {
         self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// The endpoint's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process is still running.
     pub fn is_alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

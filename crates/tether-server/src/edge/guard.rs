@@ -2,6 +2,10 @@
 //! REST gateway, `/healthz`, `/openapi.json`, and the answers to unknown
 //! routes): one middleware over the whole router.
 //!
+//! The console (`/console/…`) takes no bearer token (its session cookie is
+//! the credential, checked by `crate::console`): only `Host` and `Origin`
+//! (403) and, for a body, the form type (415).
+//!
 //! Per request: the token first — a request that needs one and has none (or
 //! a wrong one) goes on to its route, which answers 401 before it reads the
 //! body; `/healthz` and `/openapi.json` need none. Then `Host` and `Origin`
@@ -43,6 +47,9 @@ enum Route {
     RestEstop,
     /// `/healthz`, `/openapi.json`: no token needed.
     Open,
+    /// `/console` and below: the session cookie is the credential (the
+    /// console checks it), bodies are forms.
+    Console,
     /// Every other path: the REST envelope.
     Rest,
 }
@@ -82,6 +89,8 @@ fn route_of(method: &Method, path: &str) -> Route {
     match path {
         "/rpc" => Route::Rpc,
         "/healthz" | "/openapi.json" => Route::Open,
+        "/console" => Route::Console,
+        _ if path.starts_with("/console/") => Route::Console,
         _ => {
             let names_estop =
                 |segment: &str| segment.strip_suffix(":invoke") == Some(crate::tools::ESTOP_TOOL);
@@ -110,6 +119,17 @@ pub(crate) async fn guard(
     next: Next,
 ) -> Response {
     let route = route_of(request.method(), request.uri().path());
+    if route == Route::Console {
+        // Host and Origin as everywhere; no bearer token; forms only.
+        let checked = g
+            .edge
+            .check_head(request.uri(), request.headers())
+            .and_then(|()| super::check_form_type(request.headers()));
+        return match checked {
+            Ok(()) => next.run(request).await,
+            Err(refusal) => answer(Route::Rest, &refusal, None),
+        };
+    }
     let principal = match g.auth.from_headers(request.headers()) {
         Ok(p) => Some(p),
         // 401 comes first, from the route itself, before any body is read.
@@ -170,6 +190,9 @@ mod tests {
         assert_eq!(route_of(&post, "/rpc"), Route::Rpc);
         assert_eq!(route_of(&Method::GET, "/healthz"), Route::Open);
         assert_eq!(route_of(&Method::GET, "/openapi.json"), Route::Open);
+        assert_eq!(route_of(&Method::GET, "/console/"), Route::Console);
+        assert_eq!(route_of(&post, "/console/estop"), Route::Console);
+        assert_eq!(route_of(&Method::GET, "/consoles"), Route::Rest);
         assert_eq!(percent_decoded("a%2"), Some("a%2".into()));
         assert_eq!(percent_decoded("%ff"), None);
         assert_eq!(percent_decoded(&"a".repeat(SEGMENT_BYTES_MAX + 1)), None);

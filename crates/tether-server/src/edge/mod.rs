@@ -359,6 +359,33 @@ fn carries_body(headers: &HeaderMap) -> bool {
             .any(|v| v.to_str().map_or(true, |s| s.trim() != "0"))
 }
 
+/// The console's forms: a body must be `application/x-www-form-urlencoded`
+/// (what a browser form sends; the console reads nothing else).
+///
+/// # Errors
+/// 415 naming what was sent.
+pub fn check_form_type(headers: &HeaderMap) -> Result<(), Refusal> {
+    if !carries_body(headers) {
+        return Ok(());
+    }
+    let value = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        Code::ProtocolUnsupportedMediaType,
+        "content_type_not_form",
+        format!(
+            "a body of type `{essence}` is not served here; the console takes its own forms only"
+        ),
+    )
+    .seeing("content_type", value))
+}
+
 /// Checks that a body, when the request carries one, is declared
 /// `application/json` (the type and `charset` compared without regard to
 /// case): exactly one `Content-Type`, no parameter but `charset=utf-8`
