@@ -134,7 +134,7 @@ pub fn layout(title: &str, v: &Viewer<'_>, body: &str, notice: Option<&str>) -> 
          <script src=\"/console/static/console.js\" defer></script></head><body>\
          <header><h1>Tether console</h1>\
          <p class=\"who\">Signed in as <strong id=\"who\">{who}</strong></p>{signout}\
-         <nav aria-label=\"Console\"><a href=\"/console/\">Devices</a> <a href=\"/console/approvals\">Approvals</a></nav>\
+         <nav aria-label=\"Console\"><a href=\"/console/\">Devices</a> <a href=\"/console/approvals\">Approvals</a> <a href=\"/console/evidence\">Evidence</a></nav>\
          {estop}</header>\
          <p class=\"envelope\">Tether is a software envelope, not a safety-rated channel: this e-stop never replaces the hardware emergency stop.</p>\
          {notice}<main><h2>{title}</h2>{body}</main></body></html>",
@@ -352,7 +352,7 @@ pub fn device_page(device: &Value, status: &Value, v: &Viewer<'_>) -> String {
         )
     };
     format!(
-        "<section data-live=\"device\" data-device=\"{id_a}\">{status}</section>{estop}\
+        "<section data-device=\"{id_a}\">{status}</section>{estop}\
          <h3>Reset the latch</h3>{reset}<h3>Arming (hardware and hybrid devices)</h3>{arm}{disarm}\
          <h3>Reference: limits with units and sources</h3><pre>{reference}</pre>",
         id_a = esc(id),
@@ -362,6 +362,68 @@ pub fn device_page(device: &Value, status: &Value, v: &Viewer<'_>) -> String {
         arm = reason_form("arm", "Arm"),
         disarm = reason_form("disarm", "Disarm"),
         reference = esc(&reference),
+    )
+}
+
+/// The chain's newest entries, newest first: each entry's position, time,
+/// kind, device, command and outcome.
+pub fn evidence_fragment(entries: &[Value]) -> String {
+    let mut rows = String::new();
+    for e in entries.iter().rev() {
+        let b = &e["body"];
+        let r = &b["receipt"];
+        let pick = |k: &str| {
+            if b[k].is_null() {
+                val(&r[k])
+            } else {
+                val(&b[k])
+            }
+        };
+        let outcome = if r["status"].is_null() {
+            val(&b["outcome"])
+        } else {
+            val(&r["status"])
+        };
+        let _ = write!(
+            rows,
+            "<tr data-seq=\"{seq}\"><td>{seq}</td><td>{at}</td><td>{kind}</td><td>{device}</td><td>{command}</td><td>{outcome}</td></tr>",
+            seq = val(&e["seq"]),
+            at = utc(&e["ts_ms"]),
+            kind = val(&e["kind"]),
+            device = pick("device_id"),
+            command = pick("command_id"),
+        );
+    }
+    format!(
+        "<table><caption>Newest evidence entries (live)</caption><thead><tr><th scope=\"col\">Seq</th><th scope=\"col\">Time</th>\
+         <th scope=\"col\">Kind</th><th scope=\"col\">Device</th><th scope=\"col\">Command</th><th scope=\"col\">Outcome</th></tr></thead>\
+         <tbody>{rows}</tbody></table>"
+    )
+}
+
+/// The evidence page: verification (when asked), the live tail, the export.
+pub fn evidence_page(tail: &str, verified: Option<&Value>) -> String {
+    let verdict = match verified {
+        None => String::new(),
+        Some(v) if v["ok"] == Value::Bool(true) => format!(
+            "<p class=\"notice\" role=\"status\" id=\"verdict\">The whole chain verifies: {} entries, every hash and link intact.</p>",
+            val(&v["entries"])
+        ),
+        Some(v) if v["ok"] == Value::Bool(false) => format!(
+            "<p class=\"notice\" role=\"alert\" id=\"verdict\">The chain is BROKEN after {} intact entries: entry {} ({}).</p>",
+            val(&v["entries"]),
+            val(&v["first_broken"]["seq"]),
+            val(&v["first_broken"]["reason"])
+        ),
+        Some(v) => format!(
+            "<p class=\"notice\" role=\"alert\" id=\"verdict\">The chain could not be verified: {}</p>",
+            val(&v["error"])
+        ),
+    };
+    format!(
+        "{verdict}<form method=\"get\" action=\"/console/evidence/verify\"><button type=\"submit\">Verify the whole chain</button></form> \
+         <p><a href=\"/console/evidence/export\" download>Download the export (JSON Lines, sealed; <code>tether audit verify --file</code> checks it)</a></p>\
+         <section data-live=\"evidence\">{tail}</section>"
     )
 }
 

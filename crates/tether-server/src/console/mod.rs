@@ -41,6 +41,8 @@ const STREAMS_MAX: usize = 64;
 const LIVE_EVERY: Duration = Duration::from_millis(250);
 /// Approvals a page shows at most (one page of `mhs.approvals.list`).
 const APPROVALS_SHOWN: u64 = 100;
+/// Evidence entries the evidence page shows (the newest).
+const EVIDENCE_SHOWN: usize = 50;
 
 const SCRIPT: &str = include_str!("assets/console.js");
 const STYLE: &str = include_str!("assets/console.css");
@@ -83,6 +85,9 @@ pub fn router(kernel: Kernel, auth: Arc<Authenticator>) -> Router {
             post(|s, h, b| device_action(s, h, b, "mhs.safety.disarm")),
         )
         .route("/console/events", get(events))
+        .route("/console/evidence", get(evidence_page))
+        .route("/console/evidence/verify", get(evidence_verify))
+        .route("/console/evidence/export", get(evidence_export))
         .route(
             "/console/static/console.js",
             get(|| async { asset(SCRIPT, "text/javascript") }),
@@ -563,10 +568,21 @@ fn sse_event(name: &str, html: &str) -> Bytes {
     Bytes::from(out)
 }
 
-/// `GET /console/events`: the devices and approvals fragments, rendered
-/// afresh every [`LIVE_EVERY`], for as long as the page is open and its
-/// session lives; at most [`STREAMS_MAX`] at once.
-async fn events(State(c): State<Console>, headers: HeaderMap) -> Response {
+/// `GET /console/events[?live=devices,approvals,evidence]`: those fragments
+/// (default: devices and approvals), rendered afresh every [`LIVE_EVERY`],
+/// for as long as the page is open and its session lives; at most
+/// [`STREAMS_MAX`] at once.
+async fn events(State(c): State<Console>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    let wanted: Vec<&'static str> = ["devices", "approvals", "evidence"]
+        .into_iter()
+        .filter(|r| {
+            uri.query()
+                .is_none_or(|q| q.split([',', '=', '&']).any(|x| x == *r))
+        })
+        .collect();
+    if wanted.is_empty() {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
     let Some(id) = session::cookie_of(&headers).filter(|id| c.sessions.get(id).is_some()) else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
@@ -584,10 +600,15 @@ async fn events(State(c): State<Console>, headers: HeaderMap) -> Response {
         loop {
             tick.tick().await;
             let Some(s) = c.sessions.get(&id) else { return };
-            let devices = sse_event("devices", &devices_html(&c, &id, &s).await);
-            let approvals = sse_event("approvals", &approvals_html(&c, &s).await);
-            if tx.send(devices).await.is_err() || tx.send(approvals).await.is_err() {
-                return;
+            for region in &wanted {
+                let html = match *region {
+                    "devices" => devices_html(&c, &id, &s).await,
+                    "approvals" => approvals_html(&c, &s).await,
+                    _ => evidence_tail_html(&c, &s),
+                };
+                if tx.send(sse_event(region, &html)).await.is_err() {
+                    return;
+                }
             }
         }
     });
@@ -599,4 +620,102 @@ async fn events(State(c): State<Console>, headers: HeaderMap) -> Response {
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
+}
+
+/// Who may read the evidence here: operators, or the single local caller
+/// when no principals are configured.
+fn may_read_evidence(c: &Console, s: &Session) -> bool {
+    s.principal.operator || !c.auth.required()
+}
+
+fn evidence_tail_html(c: &Console, s: &Session) -> String {
+    if !may_read_evidence(c, s) {
+        return "<p>The evidence is shown to operators only.</p>".to_owned();
+    }
+    match c.kernel.evidence_tail(EVIDENCE_SHOWN) {
+        Ok(entries) => html::evidence_fragment(&entries),
+        Err(e) => format!("<p>{}</p>", html::esc(&e.message)),
+    }
+}
+
+async fn evidence_page(State(c): State<Console>, headers: HeaderMap) -> Response {
+    evidence_with(&c, &headers, false).await
+}
+
+async fn evidence_verify(State(c): State<Console>, headers: HeaderMap) -> Response {
+    evidence_with(&c, &headers, true).await
+}
+
+async fn evidence_with(c: &Console, headers: &HeaderMap, verify: bool) -> Response {
+    let (id, s, fresh) = match viewer_session(c, headers) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let v = viewer(c, &s);
+    let verified = if verify && may_read_evidence(c, &s) {
+        let k = c.kernel.clone();
+        let r = tokio::task::spawn_blocking(move || k.evidence_verify()).await;
+        Some(match r {
+            Ok(Ok(report)) => report,
+            Ok(Err(e)) => json!({"ok": null, "error": e.message}),
+            Err(_) => json!({"ok": null, "error": "the verification ended abnormally"}),
+        })
+    } else {
+        None
+    };
+    let body = html::evidence_page(&evidence_tail_html(c, &s), verified.as_ref());
+    let r = page(StatusCode::OK, html::layout("Evidence", &v, &body, None));
+    if fresh {
+        with_cookie(r, &session::set_cookie(&id))
+    } else {
+        r
+    }
+}
+
+/// `GET /console/evidence/export`: the whole chain as `tether audit export`
+/// writes it, streamed (bounded chunks in flight) as a download.
+async fn evidence_export(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let Some(s) = session::cookie_of(&headers).and_then(|id| c.sessions.get(&id)) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    if !may_read_evidence(&c, &s) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let kernel = c.kernel.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut w = std::io::BufWriter::with_capacity(64 * 1024, ChannelWriter(tx));
+        if let Err(e) = kernel.evidence_export(&mut w) {
+            tracing::warn!(error = %e.message, "console export stopped");
+        }
+        let _ = std::io::Write::flush(&mut w);
+    });
+    let mut r = Body::from_stream(Live(rx)).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"tether-evidence.jsonl\""),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// The export's writer: each buffered write is a chunk of the body; a
+/// client that goes away ends the export.
+struct ChannelWriter(tokio::sync::mpsc::Sender<Bytes>);
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Bytes::copy_from_slice(b))
+            .map_err(|_| std::io::Error::other("the download was closed"))?;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

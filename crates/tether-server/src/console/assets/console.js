@@ -6,7 +6,12 @@
   if (!window.EventSource) return;
   var regions = document.querySelectorAll("[data-live]");
   if (!regions.length) return;
-  var source = new EventSource("/console/events");
+  var names = [];
+  for (var i = 0; i < regions.length; i++) {
+    var n = regions[i].getAttribute("data-live");
+    if (names.indexOf(n) < 0) names.push(n);
+  }
+  var source = new EventSource("/console/events?live=" + names.join(","));
   function apply(name, html) {
     var list = document.querySelectorAll('[data-live="' + name + '"]');
     for (var i = 0; i < list.length; i++) {
@@ -18,4 +23,5 @@
   }
   source.addEventListener("devices", function (e) { apply("devices", e.data); });
   source.addEventListener("approvals", function (e) { apply("approvals", e.data); });
+  source.addEventListener("evidence", function (e) { apply("evidence", e.data); });
 })();
