@@ -1247,3 +1247,149 @@ fn a_hold_made_in_one_process_is_decided_in_another_and_the_retry_runs_at_once()
     let closed = decide(&b, CAROL, &id, "approve");
     assert!(closed.get("error").is_some(), "{closed}");
 }
+
+/// A `tether mcp` on stdio, talked to line by line.
+struct McpStdio {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl McpStdio {
+    fn start(dir: &Path, cfg: &Path, token: &str) -> McpStdio {
+        let mut child = std::process::Command::new(BIN)
+            .args(["mcp", "--config"])
+            .arg(cfg)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .env("TETHER_TOKEN", token)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn tether mcp");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut m = McpStdio {
+            child,
+            stdin,
+            lines,
+        };
+        m.ask(
+            1,
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "approvals-test", "version": "1"}}),
+        );
+        m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        m
+    }
+
+    fn send(&mut self, v: &Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{v}").expect("write to tether mcp");
+    }
+
+    fn ask(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to {method}"));
+            let v: Value = serde_json::from_str(&line).expect("JSON");
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    }
+}
+
+impl Drop for McpStdio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The issue's own scenario: a hold asked through `tether mcp` (stdio) is
+/// listed by `tether approvals list` against a `tether serve` on the same
+/// state directory within a second; approved there by two operators, the
+/// running `tether mcp`'s repeated call runs at once.
+#[test]
+fn a_hold_asked_over_stdio_mcp_is_approved_from_the_cli_and_the_repeat_runs_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write_config(dir.path(), HOLD_POLICY, "");
+    let serve = start(dir.path(), &cfg);
+    let mut mcp = McpStdio::start(dir.path(), &cfg, AGENT);
+    let call = json!({"name": "thermostat-1__setpoint", "arguments": {"target_temperature": 71.5}});
+    let held = mcp.ask(2, "tools/call", call.clone());
+    assert_eq!(held["result"]["isError"], true, "{held}");
+    let text = held["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.contains("a person must approve") && text.contains("It needs 2 operators"),
+        "{text}"
+    );
+    let id = held["result"]["structuredContent"]["error"]["details"]["approval_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no approval id: {held}"))
+        .to_owned();
+    let endpoint = format!("http://{}/rpc", serve.addr());
+    let t0 = std::time::Instant::now();
+    loop {
+        let (code, out, _) = tether_with_token(
+            ALICE,
+            &[
+                OsStr::new("approvals"),
+                OsStr::new("list"),
+                OsStr::new("--endpoint"),
+                OsStr::new(&endpoint),
+            ],
+        );
+        if code == Some(0) && out.contains(&id) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never listed: {out}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "listed after {:?}",
+        t0.elapsed()
+    );
+    for token in [ALICE, BOB] {
+        let (code, out, err) = tether_with_token(
+            token,
+            &[
+                OsStr::new("approvals"),
+                OsStr::new("approve"),
+                OsStr::new(&id),
+                OsStr::new("--endpoint"),
+                OsStr::new(&endpoint),
+            ],
+        );
+        assert_eq!(code, Some(0), "{out}{err}");
+    }
+    let t1 = std::time::Instant::now();
+    let done = mcp.ask(3, "tools/call", call);
+    assert_ne!(done["result"]["isError"], true, "{done}");
+    assert!(t1.elapsed() < Duration::from_secs(5), "{:?}", t1.elapsed());
+    // Each process drives its own simulated thermostat: the receipt says
+    // the stdio endpoint's ran.
+    assert_eq!(
+        done["result"]["structuredContent"]["status"], "completed",
+        "{done}"
+    );
+}
