@@ -174,6 +174,48 @@ impl<P: Point> Step for Write<P> {
     }
 }
 
+/// Reads a manifest's `[driver_config]` as `R` (unknown keys refused by
+/// `R`) and resolves it with `resolve`; every defect at once.
+///
+/// # Errors
+/// The config's shape, or every defect `resolve` found.
+pub fn load<R: serde::de::DeserializeOwned, M>(
+    manifest: &DeviceManifest,
+    resolve: impl FnOnce(&R, &DeviceManifest, &mut Vec<MapDefect>) -> M,
+) -> Result<M, Vec<MapDefect>> {
+    let cfg = manifest.driver_config.clone().unwrap_or(Value::Null);
+    let raw: R = serde_json::from_value(cfg)
+        .map_err(|e| vec![("driver_config".to_owned(), e.to_string())])?;
+    let mut defects = Vec::new();
+    let map = resolve(&raw, manifest, &mut defects);
+    if defects.is_empty() {
+        Ok(map)
+    } else {
+        Err(defects)
+    }
+}
+
+/// Every distinct point the mirror polls: the fields', then the
+/// interlocks' (`same` says when two read the same thing).
+pub fn polled<P: Point>(
+    resources: &BTreeMap<String, Vec<Field<P>>>,
+    interlocks: &[Interlock<P>],
+    same: impl Fn(&P, &P) -> bool,
+) -> Vec<P> {
+    let mut out: Vec<P> = Vec::new();
+    let all = resources
+        .values()
+        .flatten()
+        .map(|f| &f.point)
+        .chain(interlocks.iter().map(|i| &i.point));
+    for p in all {
+        if !out.iter().any(|q| same(q, p)) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
 /// A period or timeout of the config, checked against the bounds.
 pub fn ms(v: Option<u64>, default: u64, key: &str, defects: &mut Vec<MapDefect>) -> Duration {
     let ms = v.unwrap_or(default);

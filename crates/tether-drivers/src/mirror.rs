@@ -205,3 +205,192 @@ impl<K: Hash + Eq + Clone, N: Clone + PartialEq> Mirror<K, N> {
         }
     }
 }
+
+/// What a point-mapped driver's `Driver` methods share: answers from the
+/// mirror, a call handed to the driver's runtime, a stop waited for within
+/// its deadline.
+pub mod answer {
+    use crate::mapping::{Field, Interlock, Point};
+    use serde_json::{Map, Value};
+    use std::time::Instant;
+    use tether_kernel::{InterlockState, Signal};
+
+    fn unknown(message: String) -> Signal {
+        Signal::OutcomeUnknown { message }
+    }
+
+    /// A resource's state from the mirror (`fresh` reads one point's fresh
+    /// reading): unknown when any field is stale, unread or undecodable.
+    ///
+    /// # Errors
+    /// `OutcomeUnknown` naming the field and why.
+    pub fn read<P: Point>(
+        fields: &[Field<P>],
+        fresh: impl Fn(&P) -> Result<P::Native, String>,
+    ) -> Result<Value, Signal> {
+        let mut doc = Map::new();
+        for f in fields {
+            let native = fresh(&f.point).map_err(|e| {
+                unknown(format!(
+                    "`{}` ({}) is unknown: {e}",
+                    f.name,
+                    f.point.label()
+                ))
+            })?;
+            let v = f
+                .point
+                .decode(&native)
+                .map_err(|e| unknown(format!("`{}`: {e}", f.name)))?;
+            doc.insert(f.name.clone(), v);
+        }
+        Ok(Value::Object(doc))
+    }
+
+    /// Each interlock's state from the mirror: closed only when its fresh
+    /// reading is the closed value; a stale or unread one is unknown.
+    pub fn interlocks<P: Point>(
+        ils: &[Interlock<P>],
+        fresh: impl Fn(&P) -> Result<P::Native, String>,
+    ) -> Vec<(String, InterlockState)> {
+        ils.iter()
+            .map(|il| {
+                let state = match (fresh(&il.point), il.point.encode(&il.closed)) {
+                    (Ok(reading), Ok(closed)) if reading == closed => InterlockState::Closed,
+                    (Ok(_), Ok(_)) => InterlockState::Open,
+                    _ => InterlockState::Unknown,
+                };
+                (il.id.clone(), state)
+            })
+            .collect()
+    }
+
+    /// The call's refusal when its target has no map entry.
+    pub fn unknown_target(target: &str) -> Signal {
+        Signal::Failed {
+            reason: "unknown_target".into(),
+            message: format!("the device's map has no target `{target}`"),
+        }
+    }
+
+    /// Runs `call` on the driver's runtime and answers its result (a task
+    /// that ended abnormally is unknown).
+    ///
+    /// # Errors
+    /// The call's own signal, or `OutcomeUnknown`.
+    pub async fn on_runtime(
+        runtime: &tokio::runtime::Handle,
+        call: impl std::future::Future<Output = Result<Value, Signal>> + Send + 'static,
+    ) -> Result<Value, Signal> {
+        runtime
+            .spawn(call)
+            .await
+            .unwrap_or_else(|_| Err(unknown("the driver's call task ended abnormally".into())))
+    }
+
+    /// Waits (blocking: the kernel's stop path is synchronous) for a native
+    /// stop running on the driver's runtime, until `until`; unconfirmed by
+    /// then is unknown, naming `peer`.
+    ///
+    /// # Errors
+    /// The stop's own failure, or `OutcomeUnknown` past the deadline.
+    pub fn stop_within(
+        runtime: &tokio::runtime::Handle,
+        stopping: impl std::future::Future<Output = Result<(), Signal>> + Send + 'static,
+        until: Instant,
+        peer: &str,
+    ) -> Result<(), Signal> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = tx.send(stopping.await);
+        });
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(_) => Err(unknown(format!(
+                "the native stop was not confirmed by {peer} within its deadline"
+            ))),
+        }
+    }
+}
+
+/// The loops a point-mapped driver's lanes share: feeding the watchdog and
+/// a stop that re-asserts itself after an in-flight command write.
+pub mod lanes {
+    use super::Mirror;
+    use std::future::Future;
+    use std::hash::Hash;
+    use std::ops::Deref;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Weak};
+    use std::time::{Duration, Instant};
+    use tether_kernel::Signal;
+
+    /// Feeds the watchdog every third of `period` while armed (so it changes
+    /// at least twice per period even when one write is late), until the
+    /// driver is dropped (the weak references end the loop). `feed` writes
+    /// one value, bounded by the instant it is given.
+    pub async fn feed_loop<S, L, K, N, F, Fut>(
+        shared: Weak<S>,
+        lanes: Weak<L>,
+        period: Duration,
+        feed: F,
+    ) where
+        S: Deref<Target = Mirror<K, N>>,
+        K: Hash + Eq + Clone,
+        N: Clone + PartialEq,
+        F: Fn(Arc<S>, Arc<L>, u32, Instant) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let every = (period / 3).max(Duration::from_millis(5));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let (Some(s), Some(l)) = (shared.upgrade(), lanes.upgrade()) else {
+                return;
+            };
+            if let Some(v) = s.next_feed() {
+                feed(s, l, v, Instant::now() + every).await;
+            }
+        }
+    }
+
+    /// The native stop: bumps the stop epoch (a running target sends nothing
+    /// more), disarms the feed and runs `send` once by `until`. A command
+    /// write that was in flight may still be applied after it, so once that
+    /// write has been answered the stop is sent again in the background,
+    /// bounded by twice `request_timeout`.
+    ///
+    /// # Errors
+    /// The first send's failure.
+    pub async fn stop_and_reassert<S, K, N, F, Fut>(
+        s: Arc<S>,
+        request_timeout: Duration,
+        until: Instant,
+        send: F,
+    ) -> Result<(), Signal>
+    where
+        S: Deref<Target = Mirror<K, N>> + Send + Sync + 'static,
+        K: Hash + Eq + Clone,
+        N: Clone + PartialEq,
+        F: Fn(Instant) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), Signal>> + Send,
+    {
+        s.stop_epoch.fetch_add(1, Ordering::SeqCst);
+        s.disarm();
+        let pending = s.writes_in_flight.load(Ordering::SeqCst) > 0;
+        send(until).await?;
+        if pending {
+            tokio::spawn(async move {
+                let bound = Instant::now() + request_timeout * 2;
+                // Bounded by `bound`: polls the counter every millisecond.
+                while s.writes_in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < bound {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                if let Err(e) = send(Instant::now() + request_timeout).await {
+                    s.note_error(format!("re-asserting the stop: {e:?}"));
+                }
+            });
+        }
+        Ok(())
+    }
+}

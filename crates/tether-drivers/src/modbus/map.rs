@@ -127,16 +127,7 @@ impl Map {
     /// # Errors
     /// Every defect found.
     pub fn of(manifest: &DeviceManifest) -> Result<Map, Vec<MapDefect>> {
-        let cfg = manifest.driver_config.clone().unwrap_or(Value::Null);
-        let raw: RawConfig = serde_json::from_value(cfg)
-            .map_err(|e| vec![("driver_config".to_owned(), e.to_string())])?;
-        let mut defects = Vec::new();
-        let map = resolve(&raw, manifest, &mut defects);
-        if defects.is_empty() {
-            Ok(map)
-        } else {
-            Err(defects)
-        }
+        mapping::load(manifest, resolve)
     }
 
     /// [`Map::of`] with its defects joined one after another, and the
@@ -160,19 +151,7 @@ impl Map {
 
     /// Every distinct point the mirror polls: fields, interlocks.
     pub fn polled(&self) -> Vec<Point> {
-        let mut out: Vec<Point> = Vec::new();
-        let all = self
-            .resources
-            .values()
-            .flatten()
-            .map(|f| &f.point)
-            .chain(self.interlocks.iter().map(|i| &i.point));
-        for p in all {
-            if !out.iter().any(|q| q.same_registers(p)) {
-                out.push(p.clone());
-            }
-        }
-        out
+        mapping::polled(&self.resources, &self.interlocks, Point::same_registers)
     }
 }
 

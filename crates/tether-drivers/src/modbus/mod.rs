@@ -20,8 +20,9 @@ pub mod probe;
 pub mod shared;
 pub mod tasks;
 
+use crate::mirror::answer;
 use map::Map;
-use serde_json::{Map as JsonMap, Value};
+use serde_json::Value;
 use shared::Shared;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -86,28 +87,10 @@ impl ModbusTcp {
     }
 }
 
-fn unknown(message: String) -> Signal {
-    Signal::OutcomeUnknown { message }
-}
-
 impl Driver for ModbusTcp {
     fn read(&self, call: &Authorized) -> Result<Value, Signal> {
-        let mut doc = JsonMap::new();
-        for f in self.shared.map.fields(call.resource()) {
-            let native = self.shared.fresh(&shared::key(&f.point)).map_err(|e| {
-                unknown(format!(
-                    "`{}` ({}) is unknown: {e}",
-                    f.name,
-                    f.point.label()
-                ))
-            })?;
-            let v = f
-                .point
-                .decode(&native)
-                .map_err(|e| unknown(format!("`{}`: {e}", f.name)))?;
-            doc.insert(f.name.clone(), v);
-        }
-        Ok(Value::Object(doc))
+        let s = &self.shared;
+        answer::read(s.map.fields(call.resource()), |p| s.fresh(&shared::key(p)))
     }
 
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
@@ -118,16 +101,10 @@ impl Driver for ModbusTcp {
         let target = call.target().to_owned();
         Box::pin(async move {
             let Some(writes) = writes else {
-                return Err(Signal::Failed {
-                    reason: "unknown_target".into(),
-                    message: format!("the register map has no target `{target}`"),
-                });
+                return Err(answer::unknown_target(&target));
             };
-            let task = self
-                .runtime
-                .spawn(tasks::run_call(s, l, writes, input, cancel, until));
-            task.await
-                .unwrap_or_else(|_| Err(unknown("the driver's call task ended abnormally".into())))
+            let running = tasks::run_call(s, l, writes, input, cancel, until);
+            answer::on_runtime(&self.runtime, running).await
         })
     }
 
@@ -135,37 +112,13 @@ impl Driver for ModbusTcp {
         let until = call
             .deadline()
             .unwrap_or_else(|| Instant::now() + self.shared.map.request_timeout);
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let stopping = tasks::stop(self.shared.clone(), self.lanes.clone(), self.addr, until);
-        self.runtime.spawn(async move {
-            let _ = tx.send(stopping.await);
-        });
-        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-            Ok(r) => r,
-            Err(_) => Err(unknown(format!(
-                "the native stop was not confirmed by {} within its deadline",
-                self.addr
-            ))),
-        }
+        answer::stop_within(&self.runtime, stopping, until, &self.addr.to_string())
     }
 
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
-        self.shared
-            .map
-            .interlocks
-            .iter()
-            .map(|il| {
-                let state = match (
-                    self.shared.fresh(&shared::key(&il.point)),
-                    il.point.encode(&il.closed),
-                ) {
-                    (Ok(reading), Ok(closed)) if reading == closed => InterlockState::Closed,
-                    (Ok(_), Ok(_)) => InterlockState::Open,
-                    _ => InterlockState::Unknown,
-                };
-                (il.id.clone(), state)
-            })
-            .collect()
+        let s = &self.shared;
+        answer::interlocks(&s.map.interlocks, |p| s.fresh(&shared::key(p)))
     }
 
     fn link(&self) -> Option<Link> {

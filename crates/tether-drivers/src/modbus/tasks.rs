@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tether_kernel::{CancelToken, Signal};
 use tokio::sync::Mutex;
 
@@ -89,9 +89,8 @@ async fn poll_round(s: &Shared, lane: &mut Lane, points: &[Point]) {
     }
 }
 
-/// Feeds the watchdog at a third of its period while armed (so it changes
-/// at least twice per period even when one write is late), until the driver
-/// is dropped.
+/// Feeds the watchdog while armed (`crate::mirror::lanes::feed_loop`),
+/// until the driver is dropped.
 pub async fn feed_loop(shared: Weak<Shared>, lanes: Weak<Lanes>) {
     let Some(period) = shared
         .upgrade()
@@ -99,18 +98,10 @@ pub async fn feed_loop(shared: Weak<Shared>, lanes: Weak<Lanes>) {
     else {
         return;
     };
-    let every = (period / 3).max(Duration::from_millis(5));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let (Some(s), Some(l)) = (shared.upgrade(), lanes.upgrade()) else {
-            return;
-        };
-        if let Some(v) = s.next_feed() {
-            feed(&s, &l, v, Instant::now() + every).await;
-        }
-    }
+    crate::mirror::lanes::feed_loop(shared, lanes, period, |s, l, v, until| async move {
+        feed(&s, &l, v, until).await;
+    })
+    .await;
 }
 
 /// One watchdog write on the safety lane (a heartbeat, not a command write).
@@ -134,12 +125,9 @@ pub async fn feed(s: &Shared, lanes: &Lanes, value: u32, until: Instant) {
     }
 }
 
-/// The native stop: its writes on the safety lane (or on a fresh connection
-/// when a feed holds it). A command write that was in flight may still be
-/// applied after them, so once it has been answered the stop's writes are
-/// sent again, in the background: the stop is confirmed without waiting for
-/// a slow command write, and the re-assertion is bounded by the request
-/// timeout (the in-flight write's own bound) twice over.
+/// The native stop: its writes on the safety lane, or on a fresh
+/// connection when a feed holds it; re-asserted after an in-flight command
+/// write (`crate::mirror::lanes::stop_and_reassert`).
 ///
 /// # Errors
 /// The first write that failed, or the bound passing.
@@ -149,24 +137,13 @@ pub async fn stop(
     addr: SocketAddr,
     until: Instant,
 ) -> Result<(), Signal> {
-    s.stop_epoch.fetch_add(1, Ordering::SeqCst);
-    s.disarm();
-    let pending = s.writes_in_flight.load(Ordering::SeqCst) > 0;
-    stop_on_a_free_lane(&s, &lanes, addr, until).await?;
-    if pending {
-        tokio::spawn(async move {
-            let bound = Instant::now() + s.map.request_timeout * 2;
-            // Bounded by `bound`: polls the counter every millisecond.
-            while s.writes_in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < bound {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            let until = Instant::now() + s.map.request_timeout;
-            if let Err(e) = stop_on_a_free_lane(&s, &lanes, addr, until).await {
-                s.note_error(format!("re-asserting the stop: {e:?}"));
-            }
-        });
-    }
-    Ok(())
+    let timeout = s.map.request_timeout;
+    let shared = s.clone();
+    crate::mirror::lanes::stop_and_reassert(s, timeout, until, move |until| {
+        let (s, lanes) = (shared.clone(), lanes.clone());
+        async move { stop_on_a_free_lane(&s, &lanes, addr, until).await }
+    })
+    .await
 }
 
 async fn stop_on_a_free_lane(

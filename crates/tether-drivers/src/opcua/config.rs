@@ -202,15 +202,7 @@ impl Map {
     /// # Errors
     /// Every defect found.
     pub fn of(manifest: &DeviceManifest) -> Result<Map, Vec<MapDefect>> {
-        let cfg = manifest.driver_config.clone().unwrap_or(Value::Null);
-        let raw: RawConfig = serde_json::from_value(cfg)
-            .map_err(|e| vec![("driver_config".to_owned(), e.to_string())])?;
-        let mut defects = Vec::new();
-        let map = resolve(&raw, manifest, &mut defects);
-        match map {
-            Some(map) if defects.is_empty() => Ok(map),
-            _ => Err(defects),
-        }
+        mapping::load(manifest, resolve)
     }
 
     /// [`Map::of`] with its defects joined, for building a driver or a probe.
@@ -228,19 +220,7 @@ impl Map {
 
     /// Every distinct node the mirror polls: fields, interlocks.
     pub fn polled(&self) -> Vec<Node> {
-        let mut out: Vec<Node> = Vec::new();
-        let all = self
-            .resources
-            .values()
-            .flatten()
-            .map(|f| &f.point)
-            .chain(self.interlocks.iter().map(|i| &i.point));
-        for p in all {
-            if !out.iter().any(|q| q.node == p.node) {
-                out.push(p.clone());
-            }
-        }
-        out
+        mapping::polled(&self.resources, &self.interlocks, |a, b| a.node == b.node)
     }
 
     /// Every namespace URI the map names (resolved on each connection).
@@ -277,7 +257,7 @@ impl Map {
     }
 }
 
-fn resolve(raw: &RawConfig, m: &DeviceManifest, defects: &mut Vec<MapDefect>) -> Option<Map> {
+fn resolve(raw: &RawConfig, m: &DeviceManifest, defects: &mut Vec<MapDefect>) -> Map {
     check_endpoint(&raw.endpoint, defects);
     let (policy, mode) = security(raw, defects);
     let user = user(raw, defects);
@@ -292,7 +272,7 @@ fn resolve(raw: &RawConfig, m: &DeviceManifest, defects: &mut Vec<MapDefect>) ->
     let stop = mapping::resolve_stop(&raw.stop, m, &resources, defects, step);
     let interlocks = mapping::resolve_interlocks(&raw.interlocks, m, defects);
     let watchdog = mapping::resolve_watchdog(raw.watchdog.as_ref(), m, &resources, defects);
-    Some(Map {
+    Map {
         endpoint: raw.endpoint.clone(),
         policy,
         mode,
@@ -318,7 +298,7 @@ fn resolve(raw: &RawConfig, m: &DeviceManifest, defects: &mut Vec<MapDefect>) ->
         stop,
         interlocks,
         watchdog,
-    })
+    }
 }
 
 fn check_endpoint(endpoint: &str, defects: &mut Vec<MapDefect>) {

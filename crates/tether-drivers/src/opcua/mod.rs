@@ -19,11 +19,12 @@ pub mod probe;
 pub mod session;
 pub mod tasks;
 
-use crate::mapping::{MapDefect, Point as _};
+use crate::mapping::MapDefect;
+use crate::mirror::answer;
 use crate::mirror::{Enabled, Mirror};
 use config::Map;
 use node::{NodeRef, UaValue};
-use serde_json::{Map as JsonMap, Value};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tasks::{Lane, Lanes};
@@ -135,28 +136,10 @@ impl OpcUa {
     }
 }
 
-fn unknown(message: String) -> Signal {
-    Signal::OutcomeUnknown { message }
-}
-
 impl Driver for OpcUa {
     fn read(&self, call: &Authorized) -> Result<Value, Signal> {
-        let mut doc = JsonMap::new();
-        for f in self.shared.map.fields(call.resource()) {
-            let native = self.shared.fresh(&f.point.node).map_err(|e| {
-                unknown(format!(
-                    "`{}` ({}) is unknown: {e}",
-                    f.name,
-                    f.point.label()
-                ))
-            })?;
-            let v = f
-                .point
-                .decode(&native)
-                .map_err(|e| unknown(format!("`{}`: {e}", f.name)))?;
-            doc.insert(f.name.clone(), v);
-        }
-        Ok(Value::Object(doc))
+        let s = &self.shared;
+        answer::read(s.map.fields(call.resource()), |p| s.fresh(&p.node))
     }
 
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
@@ -167,16 +150,10 @@ impl Driver for OpcUa {
         let target = call.target().to_owned();
         Box::pin(async move {
             let Some(steps) = steps else {
-                return Err(Signal::Failed {
-                    reason: "unknown_target".into(),
-                    message: format!("the node map has no target `{target}`"),
-                });
+                return Err(answer::unknown_target(&target));
             };
-            let task = self
-                .runtime
-                .spawn(tasks::run_call(s, l, steps, input, cancel, until));
-            task.await
-                .unwrap_or_else(|_| Err(unknown("the driver's call task ended abnormally".into())))
+            let running = tasks::run_call(s, l, steps, input, cancel, until);
+            answer::on_runtime(&self.runtime, running).await
         })
     }
 
@@ -184,37 +161,13 @@ impl Driver for OpcUa {
         let until = call
             .deadline()
             .unwrap_or_else(|| Instant::now() + self.shared.map.request_timeout);
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let stopping = tasks::stop(self.shared.clone(), self.lanes.clone(), until);
-        self.runtime.spawn(async move {
-            let _ = tx.send(stopping.await);
-        });
-        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-            Ok(r) => r,
-            Err(_) => Err(unknown(format!(
-                "the native stop was not confirmed by {} within its deadline",
-                self.shared.map.endpoint
-            ))),
-        }
+        answer::stop_within(&self.runtime, stopping, until, &self.shared.map.endpoint)
     }
 
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
-        self.shared
-            .map
-            .interlocks
-            .iter()
-            .map(|il| {
-                let state = match (
-                    self.shared.fresh(&il.point.node),
-                    il.point.encode(&il.closed),
-                ) {
-                    (Ok(reading), Ok(closed)) if reading == closed => InterlockState::Closed,
-                    (Ok(_), Ok(_)) => InterlockState::Open,
-                    _ => InterlockState::Unknown,
-                };
-                (il.id.clone(), state)
-            })
-            .collect()
+        let s = &self.shared;
+        answer::interlocks(&s.map.interlocks, |p| s.fresh(&p.node))
     }
 
     fn link(&self) -> Option<Link> {

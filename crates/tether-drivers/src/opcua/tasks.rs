@@ -18,7 +18,7 @@ use crate::mirror::Sample;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tether_kernel::{CancelToken, Signal};
 use tokio::sync::Mutex;
 
@@ -163,9 +163,8 @@ pub async fn poll_loop(shared: Weak<Shared>, mut lane: Lane) {
     }
 }
 
-/// Feeds the watchdog at a third of its period while armed (so it changes
-/// at least twice per period even when one write is late), until the driver
-/// is dropped.
+/// Feeds the watchdog while armed (`crate::mirror::lanes::feed_loop`),
+/// until the driver is dropped.
 pub async fn feed_loop(shared: Weak<Shared>, lanes: Weak<Lanes>) {
     let Some(period) = shared
         .upgrade()
@@ -173,18 +172,10 @@ pub async fn feed_loop(shared: Weak<Shared>, lanes: Weak<Lanes>) {
     else {
         return;
     };
-    let every = (period / 3).max(Duration::from_millis(5));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let (Some(s), Some(l)) = (shared.upgrade(), lanes.upgrade()) else {
-            return;
-        };
-        if let Some(v) = s.next_feed() {
-            feed(&s, &l, v, Instant::now() + every).await;
-        }
-    }
+    crate::mirror::lanes::feed_loop(shared, lanes, period, |s, l, v, until| async move {
+        feed(&s, &l, v, until).await;
+    })
+    .await;
 }
 
 /// The counter as a value of the watchdog's type: it wraps within the
@@ -220,32 +211,20 @@ pub async fn feed(s: &Shared, lanes: &Lanes, counter: u32, until: Instant) {
     }
 }
 
-/// The native stop: its steps on the safety lane (or on a session of its
-/// own when a feed holds it). A command step that was in flight may still be
-/// applied after them, so once it has been answered the stop is sent again,
-/// in the background, bounded by twice the request timeout.
+/// The native stop: its steps on the safety lane, or on a session of its
+/// own when a feed holds it; re-asserted after an in-flight command step
+/// (`crate::mirror::lanes::stop_and_reassert`).
 ///
 /// # Errors
 /// The first step that failed, or the bound passing.
 pub async fn stop(s: Arc<Shared>, lanes: Arc<Lanes>, until: Instant) -> Result<(), Signal> {
-    s.stop_epoch.fetch_add(1, Ordering::SeqCst);
-    s.disarm();
-    let pending = s.writes_in_flight.load(Ordering::SeqCst) > 0;
-    stop_on_a_free_lane(&s, &lanes, until).await?;
-    if pending {
-        tokio::spawn(async move {
-            let bound = Instant::now() + s.map.request_timeout * 2;
-            // Bounded by `bound`: polls the counter every millisecond.
-            while s.writes_in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < bound {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            let until = Instant::now() + s.map.request_timeout;
-            if let Err(e) = stop_on_a_free_lane(&s, &lanes, until).await {
-                s.note_error(format!("re-asserting the stop: {e:?}"));
-            }
-        });
-    }
-    Ok(())
+    let timeout = s.map.request_timeout;
+    let shared = s.clone();
+    crate::mirror::lanes::stop_and_reassert(s, timeout, until, move |until| {
+        let (s, lanes) = (shared.clone(), lanes.clone());
+        async move { stop_on_a_free_lane(&s, &lanes, until).await }
+    })
+    .await
 }
 
 async fn stop_on_a_free_lane(s: &Shared, lanes: &Lanes, until: Instant) -> Result<(), Signal> {
