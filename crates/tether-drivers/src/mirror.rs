@@ -354,6 +354,86 @@ pub mod lanes {
         }
     }
 
+    /// Before each step of a call: a cancellation or a stop since `epoch`
+    /// ends it — cancelled when nothing was sent, else unknown listing the
+    /// steps `made` of `total`.
+    ///
+    /// # Errors
+    /// As above.
+    pub fn may_continue<K, N>(
+        s: &Mirror<K, N>,
+        cancel: &tether_kernel::CancelToken,
+        epoch: u64,
+        made: &[serde_json::Value],
+        total: usize,
+    ) -> Result<(), Signal>
+    where
+        K: Hash + Eq + Clone,
+        N: Clone + PartialEq,
+    {
+        if !cancel.is_cancelled() && s.stop_epoch.load(Ordering::SeqCst) == epoch {
+            return Ok(());
+        }
+        Err(if made.is_empty() {
+            Signal::Cancelled
+        } else {
+            Signal::NativeUnknown {
+                message: format!("stopped after {} of {total} writes", made.len()),
+                native: serde_json::json!({"writes_made": made}),
+            }
+        })
+    }
+
+    /// A command write in flight (a stop re-asserts itself after it), for as
+    /// long as the guard lives.
+    pub struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+    impl<'a> InFlight<'a> {
+        /// Counts one more write in flight.
+        pub fn new<K, N>(s: &'a Mirror<K, N>) -> Self {
+            s.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+            InFlight(&s.writes_in_flight)
+        }
+    }
+
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A call under way (the feed is never disarmed under one); ends it when
+    /// dropped, so a disabled reading taken after it can disarm the feed.
+    pub struct CallGuard<'a, K: Hash + Eq + Clone, N: Clone + PartialEq>(&'a Mirror<K, N>);
+
+    impl<'a, K: Hash + Eq + Clone, N: Clone + PartialEq> CallGuard<'a, K, N> {
+        /// Starts a call: refused when already cancelled; answers the stop
+        /// epoch it runs under and the watchdog value to feed just before it
+        /// (the device sees the feed move first).
+        ///
+        /// # Errors
+        /// `Cancelled`.
+        pub fn begin(
+            s: &'a Mirror<K, N>,
+            cancel: &tether_kernel::CancelToken,
+        ) -> Result<(Self, u64, Option<u32>), Signal> {
+            let epoch = s.stop_epoch.load(Ordering::SeqCst);
+            if cancel.is_cancelled() {
+                return Err(Signal::Cancelled);
+            }
+            s.calls_in_flight.fetch_add(1, Ordering::SeqCst);
+            let feed = s.arm();
+            Ok((CallGuard(s), epoch, feed))
+        }
+    }
+
+    impl<K: Hash + Eq + Clone, N: Clone + PartialEq> Drop for CallGuard<'_, K, N> {
+        fn drop(&mut self) {
+            self.0.calls_in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.0.call_ended();
+        }
+    }
+
     /// The native stop: bumps the stop epoch (a running target sends nothing
     /// more), disarms the feed and runs `send` once by `until`. A command
     /// write that was in flight may still be applied after it, so once that

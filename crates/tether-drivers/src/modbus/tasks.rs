@@ -12,9 +12,9 @@ use super::codec::{Native, Point};
 use super::lane::{IoError, Lane};
 use super::map::{Source, Write};
 use super::shared::{key, Sample, Shared};
+use crate::mirror::lanes::{may_continue, CallGuard, InFlight};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use tether_kernel::{CancelToken, Signal};
@@ -244,21 +244,13 @@ pub async fn run_call(
     let Ok(mut lane) = tokio::time::timeout_at(until.into(), lanes.command.lock()).await else {
         return Err(Signal::Busy);
     };
-    let epoch = s.stop_epoch.load(Ordering::SeqCst);
-    if cancel.is_cancelled() {
-        return Err(Signal::Cancelled);
-    }
-    s.calls_in_flight.fetch_add(1, Ordering::SeqCst);
-    if let Some(v) = s.arm() {
-        // Just before the command: the device sees the feed move first.
+    let (_call, epoch, feed_first) = CallGuard::begin(&s, &cancel)?;
+    if let Some(v) = feed_first {
         feed(&s, &lanes, v, until).await;
     }
-    let r = send_all(&s, &mut lane, &planned, &cancel, epoch, until)
+    send_all(&s, &mut lane, &planned, &cancel, epoch, until)
         .await
-        .map(|writes| crate::mapping::call_output(&capability_id, &input, writes));
-    s.calls_in_flight.fetch_sub(1, Ordering::SeqCst);
-    s.call_ended();
-    r
+        .map(|writes| crate::mapping::call_output(&capability_id, &input, writes))
 }
 
 async fn send_all(
@@ -271,19 +263,11 @@ async fn send_all(
 ) -> Result<Value, Signal> {
     let mut made: Vec<Value> = Vec::new();
     for p in planned {
-        if cancel.is_cancelled() || s.stop_epoch.load(Ordering::SeqCst) != epoch {
-            return Err(if made.is_empty() {
-                Signal::Cancelled
-            } else {
-                Signal::NativeUnknown {
-                    message: format!("stopped after {} of {} writes", made.len(), planned.len()),
-                    native: json!({"writes_made": made}),
-                }
-            });
-        }
-        s.writes_in_flight.fetch_add(1, Ordering::SeqCst);
-        let r = lane.write(&p.write.point, &p.native, until).await;
-        s.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+        may_continue(s, cancel, epoch, &made, planned.len())?;
+        let r = {
+            let _in_flight = InFlight::new(s);
+            lane.write(&p.write.point, &p.native, until).await
+        };
         match r {
             Ok(()) => made
                 .push(json!({"point": p.write.label, "value": p.value, "raw": p.native.to_json()})),
