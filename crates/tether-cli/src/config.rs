@@ -46,6 +46,11 @@ pub struct EndpointConfig {
     /// The bounds per caller the kernel keeps (`[limits]`, `bounds.rs`).
     #[serde(default)]
     pub limits: crate::bounds::LimitsConfig,
+    /// The operator console's public URL (`http://host:port/console/`): MCP
+    /// hosts that support URL elicitation are sent its page for a held call
+    /// (a stdio `tether mcp` serves no console but knows where it is).
+    #[serde(default)]
+    pub console_url: Option<String>,
 }
 
 /// The `[http]` table: how the network listeners (`--http`, `--mcp-http`)
@@ -322,6 +327,13 @@ fn read_listed_files(
         }
     }
     defects.extend(http_defects(path, &config.http));
+    if let Some(u) = &config.console_url {
+        // Validated and remembered here: both `serve` and `mcp` load the
+        // config through this one path.
+        if let Err(e) = tether_server::mcp::set_console_url(u) {
+            defects.push(defect(path, e));
+        }
+    }
     for message in crate::bounds::defects(&config) {
         defects.push(defect(path, message));
     }

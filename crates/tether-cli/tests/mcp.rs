@@ -867,3 +867,53 @@ fn an_oversized_estop_call_still_stops_every_device() {
         ["arm-1", "relay-1", "thermostat-1"]
     );
 }
+
+/// A held tool call over stdio, against a config with a holding policy and
+/// `console_url`: the result names the approval, the policy's reason and
+/// the quorum, and the host (which supports URL elicitation) is sent the
+/// console's page for that approval.
+#[test]
+fn a_held_call_sends_the_host_to_the_approval_in_the_console() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("policy.cedar"),
+        r#"
+@id("reads") permit(principal, action == Tether::Action::"read", resource);
+@id("cell") permit(principal, action, resource) when { context.mode == "simulated" };
+@id("hot-setpoints")
+@hold("setpoints above 60 degC need two operators")
+@quorum("2")
+permit(principal, action == Tether::Action::"command", resource)
+  when { resource.capability == "cap.thermal.setpoint.v1" &&
+         context.input has target_temperature &&
+         context.input.target_temperature.greaterThan(decimal("60.0")) };
+"#,
+    )
+    .expect("policy");
+    let cfg = dir.path().join("tether.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "builtin_cell = true\npolicy = \"policy.cedar\"\nconsole_url = \"http://127.0.0.1:7878/console/\"\n\n[[principals]]\nid = \"planner\"\nkind = \"agent\"\ntoken_sha256 = \"{}\"\n",
+            tether_server_digest(AGENT_TOKEN)
+        ),
+    )
+    .expect("config");
+    let state = dir.path().join("state");
+    let out = scenario(&[
+        "held_to_console",
+        "--transport",
+        "stdio",
+        "--mode",
+        "legacy",
+        "--bin",
+        BIN,
+        "--state-dir",
+        state.to_str().expect("utf-8"),
+        "--config",
+        cfg.to_str().expect("utf-8"),
+        "--token",
+        AGENT_TOKEN,
+    ]);
+    assert!(out.contains("held_to_console ok"), "{out}");
+}

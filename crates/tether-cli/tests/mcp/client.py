@@ -13,6 +13,11 @@ Scenarios:
     estop_during_motion
                the e-stop is answered while a motion runs, and the motion ends cancelled
     no_token   connecting without a bearer token is refused (HTTP only)
+    held_to_console
+               a held call (stdio, with --config naming a holding policy and a
+               console_url) is answered as held, naming the approval, its reason
+               and quorum; a host that supports URL elicitation is sent the
+               console's page for that approval
 """
 
 from __future__ import annotations
@@ -228,21 +233,55 @@ async def no_token(args: argparse.Namespace) -> None:
     raise CheckFailed("a client without a bearer token was served")
 
 
+async def held_to_console(args: argparse.Namespace) -> None:
+    asked: list = []
+    got = anyio.Event()
+
+    async def on_elicit(context, params):
+        asked.append(params)
+        got.set()
+        from mcp import types
+        return types.ElicitResult(action="accept")
+
+    params = StdioServerParameters(
+        command=args.bin,
+        args=["mcp", "--config", args.config, "--state-dir", args.state_dir],
+        env={"TETHER_LOG": "warn", "TETHER_TOKEN": args.token},
+    )
+    async with Client(params, mode=args.mode, read_timeout_seconds=30, elicitation_callback=on_elicit) as client:
+        result = await client.call_tool("thermostat-1__setpoint", {"target_temperature": 72.5})
+        check(result.is_error, "a hot setpoint is held", text_of(result))
+        text = text_of(result)
+        approval = result.structured_content["error"]["details"]["approval_id"]
+        check(approval in text and "a person must approve" in text, "the text names the approval", text)
+        check("setpoints above 60 degC need two operators" in text, "the text names the reason", text)
+        check("It needs 2 operators" in text, "the text names the quorum", text)
+        with anyio.fail_after(10):
+            await got.wait()
+        p = asked[0]
+        url = getattr(p, "url", None)
+        check(getattr(p, "mode", None) == "url" and url is not None, "a URL elicitation", p)
+        check(url == f"http://127.0.0.1:7878/console/approvals#{approval}", "the approval's console page", url)
+    print(f"held_to_console ok ({args.mode}): {url}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token"])
+    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token", "held_to_console"])
     parser.add_argument("--transport", choices=["stdio", "http"], required=True)
     parser.add_argument("--mode", choices=["legacy", "auto"], required=True)
     parser.add_argument("--bin")
     parser.add_argument("--state-dir")
     parser.add_argument("--url")
     parser.add_argument("--token")
+    parser.add_argument("--config")
     args = parser.parse_args()
     scenario = {
         "governed": governed,
         "motion": motion,
         "estop_during_motion": estop_during_motion,
         "no_token": no_token,
+        "held_to_console": held_to_console,
     }[args.scenario]
     async def bounded() -> None:
         # Every wait is bounded: a hung endpoint fails the test, never stalls it.

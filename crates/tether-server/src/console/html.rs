@@ -286,7 +286,7 @@ fn approval_block(a: &Value, v: &Viewer<'_>) -> String {
         String::new()
     };
     format!(
-        "<article class=\"approval\" data-approval=\"{id_a}\"><h3>{id_t} — {status}</h3>\
+        "<article class=\"approval\" id=\"{id_a}\" data-approval=\"{id_a}\"><h3>{id_t} — {status}</h3>\
          <p>{device} · {capability} · resource {resource} · mode {mode} · risk {risk} · {kind}</p>\
          <p>Asked by {who} ({who_kind}) in session {session}; command <code>{command}</code></p>\
          <ul>{input}</ul><p>Why held: {reason} (policies: {policies})</p>\

@@ -397,6 +397,72 @@ impl TetherMcp {
     }
 }
 
+/// The console's public URL (`console_url` in the endpoint config), for
+/// held calls: one endpoint process serves one config, so it is set once at
+/// start-up ([`set_console_url`]).
+static CONSOLE_URL: std::sync::OnceLock<url::Url> = std::sync::OnceLock::new();
+
+/// How long an MCP host may keep the approval page open before the
+/// elicitation is dropped (the hold itself lasts its approval's TTL).
+const ELICITATION_WAIT: Duration = Duration::from_secs(600);
+
+/// Sets the console URL held calls point MCP hosts to; the first call wins.
+///
+/// # Errors
+/// Not an absolute `http` or `https` URL.
+pub fn set_console_url(text: &str) -> Result<(), String> {
+    let u = url::Url::parse(text).map_err(|e| format!("console_url `{text}`: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(format!("console_url `{text}` is not an http(s) URL"));
+    }
+    let _ = CONSOLE_URL.set(u);
+    Ok(())
+}
+
+/// The approval a refused tool call is held for, if it is.
+fn held_approval(result: &CallToolResult) -> Option<String> {
+    let s = result.structured_content.as_ref()?;
+    let err = if s["error"].is_object() {
+        &s["error"]
+    } else {
+        s
+    };
+    let code = err["mhs_code"].as_str()?;
+    (code == Code::PolicyHeld.as_str() || code == Code::SafetyApprovalRequired.as_str())
+        .then(|| err["details"]["approval_id"].as_str().map(str::to_owned))
+        .flatten()
+}
+
+impl TetherMcp {
+    /// Sends an MCP host that supports URL elicitation the console's page
+    /// for a held call's approval, so the person at the host can open it.
+    /// In the background and bounded: the tool result (the hold, which
+    /// names the approval) is answered at once either way; a host that does
+    /// not support it, or a protocol that forbids server requests, just gets
+    /// the result.
+    fn send_to_console(&self, ctx: &RequestContext<RoleServer>, approval_id: &str) {
+        let Some(base) = CONSOLE_URL.get() else {
+            return;
+        };
+        let Ok(page) = base.join(&format!("approvals#{approval_id}")) else {
+            return;
+        };
+        let peer = ctx.peer.clone();
+        let id = approval_id.to_owned();
+        // Not tracked with the kernel calls: a host that keeps the page
+        // open must not hold up a clean exit.
+        self.conn.runtime.spawn(async move {
+            let message = format!(
+                "A person must approve or deny this request before it runs (approval {id}). Open the Tether console to see it; an operator decides there."
+            );
+            let asked = peer.elicit_url_with_timeout(message, page, id, Some(ELICITATION_WAIT));
+            if let Err(e) = asked.await {
+                tracing::debug!(error = %e, "the MCP host was not sent the approval page");
+            }
+        });
+    }
+}
+
 /// The e-stop behind the `estop` tool and behind a defective request for it
 /// (`defect` says what was wrong; it is recorded in the latch reason). A
 /// device named in `args` that the endpoint serves is stopped alone; any
@@ -540,6 +606,9 @@ impl ServerHandler for TetherMcp {
             ToolKind::Read => self.call_read(&tool, &args, &p).await,
             _ => self.call_effect(&tool, args, &p, &ctx).await,
         };
+        if let Some(approval_id) = held_approval(&result) {
+            self.send_to_console(&ctx, &approval_id);
+        }
         Ok(result.into())
     }
 
