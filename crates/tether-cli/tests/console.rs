@@ -25,17 +25,9 @@ const ALICE: &str = "alice-console-token";
 const BOB: &str = "bob-console-token";
 const PLANNER: &str = "planner-console-token";
 
-const POLICY: &str = r#"
-@id("reads") permit(principal, action == Tether::Action::"read", resource);
-@id("cell") permit(principal, action, resource) when { context.mode == "simulated" };
-@id("hot-setpoints")
-@hold("setpoints above 60 degC need two operators")
-@quorum("2")
-permit(principal, action == Tether::Action::"command", resource)
-  when { resource.capability == "cap.thermal.setpoint.v1" &&
-         context.input has target_temperature &&
-         context.input.target_temperature.greaterThan(decimal("60.0")) };
-"#;
+/// The operators example's policy: setpoints above 60 degC wait for two
+/// operators.
+const POLICY: &str = include_str!("../../../examples/operators/policy.cedar");
 
 fn config(dir: &Path) -> std::path::PathBuf {
     std::fs::write(dir.join("policy.cedar"), POLICY).unwrap();

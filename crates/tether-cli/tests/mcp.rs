@@ -877,17 +877,8 @@ fn a_held_call_sends_the_host_to_the_approval_in_the_console() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("policy.cedar"),
-        r#"
-@id("reads") permit(principal, action == Tether::Action::"read", resource);
-@id("cell") permit(principal, action, resource) when { context.mode == "simulated" };
-@id("hot-setpoints")
-@hold("setpoints above 60 degC need two operators")
-@quorum("2")
-permit(principal, action == Tether::Action::"command", resource)
-  when { resource.capability == "cap.thermal.setpoint.v1" &&
-         context.input has target_temperature &&
-         context.input.target_temperature.greaterThan(decimal("60.0")) };
-"#,
+        // The operators example's: setpoints above 60 degC wait for two.
+        include_str!("../../../examples/operators/policy.cedar"),
     )
     .expect("policy");
     let cfg = dir.path().join("tether.toml");
