@@ -927,7 +927,7 @@ async def make_server(args: argparse.Namespace, oven: Oven) -> Server:
     server.set_server_name("Tether example oven")
     await server.set_application_uri(APPLICATION_URI)
     server.allow_remote_admin(False)
-    server.set_endpoint(f"opc.tcp://{url_host(args.host)}:{args.port}")
+    server.set_endpoint(f"opc.tcp://{url_host(args.host)}:{args.port}{args.endpoint_path}")
     if args.security == "basic256sha256":
         cert_path, key_path = ensure_certificate(Path(args.pki), args.host)
         await server.load_certificate(str(cert_path))
@@ -958,8 +958,8 @@ def bound_port(server: Server) -> int:
     return int(sockets[0].getsockname()[1])
 
 
-def fix_endpoint_urls(server: Server, host: str, port: int) -> str:
-    url = f"opc.tcp://{url_host(host)}:{port}"
+def fix_endpoint_urls(server: Server, host: str, port: int, path: str = "") -> str:
+    url = f"opc.tcp://{url_host(host)}:{port}{path}"
     server.endpoint = urlparse(url)
     for edp in server.iserver.endpoints:
         edp.EndpointUrl = url
@@ -985,8 +985,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--password", help="password of --user")
     p.add_argument("--pki", help="directory for the server certificate/key "
                    "(basic256sha256; default: a temporary directory)")
+    p.add_argument("--endpoint-path", default="",
+                   help="a path the server advertises in its endpoint URLs "
+                   "(e.g. /freeopcua/server/); default none")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = p.parse_args(argv)
+    if args.endpoint_path and not args.endpoint_path.startswith("/"):
+        p.error("--endpoint-path starts with /")
     if (args.user is None) != (args.password is None):
         p.error("--user and --password go together")
     if args.security == "basic256sha256" and args.user is None:
@@ -1018,7 +1023,7 @@ async def run(args: argparse.Namespace, oven: Oven) -> int:
         log.error("cannot listen on %s:%s: %s", args.host, args.port, exc)
         return 2
     port = bound_port(server)
-    url = fix_endpoint_urls(server, args.host, port)
+    url = fix_endpoint_urls(server, args.host, port, args.endpoint_path)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -536,3 +536,22 @@ fn a_model_over_mcp_moves_the_oven_and_an_out_of_limit_call_writes_nothing() {
     assert_eq!(cmds[0]["value"], json!(75.25));
     assert_eq!(cmds[1]["value"], json!(true));
 }
+
+/// A server that advertises its endpoints under a path of its own (as
+/// asyncua's default `/freeopcua/server/` does) is still reached at the
+/// example's path-less address: the setpoint lands.
+#[test]
+fn a_server_that_advertises_a_path_of_its_own_is_still_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = peers::free_port();
+    let oven = Oven::start(dir.path(), port, &["--endpoint-path", "/freeopcua/server/"]);
+    let cfg = example_config(dir.path(), port);
+    let tether = start_tether(dir.path(), &cfg, false, &[]);
+    let sid = session_as(&tether, AGENT);
+    wait_readable(&tether, &sid);
+    let receipt = setpoint(&tether, &sid, 99.5);
+    assert_eq!(receipt["status"], "completed", "{receipt}");
+    poll_until("the oven to hold 99.5", TIMEOUT, || {
+        oven.values()["Setpoint"] == 99.5
+    });
+}

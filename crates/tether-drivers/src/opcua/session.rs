@@ -15,9 +15,9 @@ use super::node::{Namespace, NodeRef, UaValue};
 use opcua::client::{ClientBuilder, IdentityToken, Session};
 use opcua::crypto::SecurityPolicy;
 use opcua::types::{
-    AttributeId, BrowseDescription, BrowseDirection, DataValue, MessageSecurityMode, NodeId,
-    ReadValueId, ReferenceTypeId, StatusCode, TimestampsToReturn, UserTokenPolicy, Variant,
-    WriteValue,
+    AttributeId, BrowseDescription, BrowseDirection, DataValue, EndpointDescription,
+    MessageSecurityMode, NodeId, ReadValueId, ReferenceTypeId, StatusCode, TimestampsToReturn,
+    Variant, WriteValue,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -172,7 +172,57 @@ fn identity(map: &Map) -> Result<IdentityToken, IoError> {
     }
 }
 
+/// The server's endpoint to open a session on: the one at the configured
+/// URL with the configured policy and mode; else (a server that advertises
+/// its endpoints under a path of its own, as many do) one with that policy
+/// and mode under any path — reached at the configured host and port either
+/// way, never at the host the server names (it may not resolve from here).
+///
+/// # Errors
+/// No endpoint offers the policy and mode.
+fn choose_endpoint(
+    endpoints: &[EndpointDescription],
+    url: &str,
+    policy: &str,
+    mode: MessageSecurityMode,
+) -> Result<EndpointDescription, IoError> {
+    let security = SecurityPolicy::from_uri(policy);
+    if let Some(e) = opcua::client::Client::find_matching_endpoint(endpoints, url, security, mode) {
+        return Ok(e);
+    }
+    let mut e = endpoints
+        .iter()
+        .find(|e| {
+            e.security_mode == mode
+                && SecurityPolicy::from_uri(e.security_policy_uri.as_ref()) == security
+        })
+        .cloned()
+        .ok_or_else(|| {
+            IoError::Unreachable(format!(
+                "the server offers no endpoint with security {} and mode {mode}",
+                security.to_str()
+            ))
+        })?;
+    let ours = url.trim_end_matches('/');
+    let path = e
+        .endpoint_url
+        .as_ref()
+        .strip_prefix("opc.tcp://")
+        .and_then(|rest| rest.find('/').map(|i| rest[i..].to_owned()))
+        .unwrap_or_default();
+    let ours_no_path = ours
+        .strip_prefix("opc.tcp://")
+        .and_then(|rest| rest.split('/').next())
+        .map_or_else(
+            || ours.to_owned(),
+            |hostport| format!("opc.tcp://{hostport}"),
+        );
+    e.endpoint_url = format!("{ours_no_path}{path}").into();
+    Ok(e)
+}
+
 impl Conn {
+    /// Opens a sessionimpl Conn {
     /// Opens a session and resolves what the map names on it, by `until`.
     ///
     /// # Errors
@@ -188,16 +238,19 @@ impl Conn {
             map.endpoint.as_str(),
             policy_uri(map.policy),
             mode(map.mode),
-            UserTokenPolicy::anonymous(),
         );
         let id = identity(map)?;
-        let (session, events) = tokio::time::timeout_at(
+        let endpoints = tokio::time::timeout_at(
             until.into(),
-            client.connect_to_matching_endpoint(wanted, id),
+            client.get_server_endpoints_from_url(map.endpoint.as_str()),
         )
         .await
         .map_err(|_| unreachable("no endpoint list within the connect timeout".into()))?
         .map_err(|e| unreachable(filtered(&e)))?;
+        let chosen = choose_endpoint(&endpoints, &map.endpoint, wanted.1, wanted.2)?;
+        let (session, events) = client
+            .connect_to_endpoint_directly(chosen, id)
+            .map_err(|e| unreachable(filtered(&e)))?;
         let mut events = events.spawn();
         let connected = tokio::time::timeout_at(until.into(), async {
             tokio::select! {
