@@ -229,7 +229,13 @@ pub fn authenticator(
         });
     }
     if defects.is_empty() {
-        Ok(Authenticator::new(creds))
+        Ok(if loaded.config.principals.is_empty() {
+            Authenticator::open()
+        } else {
+            // Principals configured: tokens required even if none of them
+            // is usable in this process.
+            Authenticator::new(creds)
+        })
     } else {
         Err(defects)
     }

@@ -226,3 +226,22 @@ fn the_operators_example_runs_as_shipped() {
     let done = call_with_token(&s, agent, "mhs.command", hot);
     assert_eq!(done["result"]["status"], "completed", "{done}");
 }
+
+/// Principals configured but none of their tokens given to this process:
+/// nobody is served (never everybody as the local caller).
+#[test]
+fn principals_without_any_usable_token_serve_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = env_config(dir.path());
+    let s = Server::start_with_env(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[OsStr::new("--config"), cfg.as_os_str()],
+        &[],
+    );
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.session.open", "params": {}});
+    for auth in ["", "Authorization: Bearer anything\r\n"] {
+        let r = http_post_with(s.addr(), body.to_string().as_bytes(), TIMEOUT, auth);
+        assert_eq!(r.status, 401, "{}", r.text());
+    }
+}

@@ -33,6 +33,10 @@ impl std::fmt::Debug for Credential {
 #[derive(Clone, Debug, Default)]
 pub struct Authenticator {
     credentials: Vec<Credential>,
+    /// Principals are configured, whether or not any of their tokens is
+    /// usable in this process: then every request needs a valid token, and
+    /// none at all usable means nobody is served (never everybody).
+    configured: bool,
 }
 
 /// SHA-256 of a token.
@@ -54,14 +58,19 @@ impl Authenticator {
         Self::default()
     }
 
-    /// The configured credentials.
+    /// The configured credentials (principals are configured: a token is
+    /// required, even when `credentials` is empty because no principal's
+    /// token is given to this process).
     pub fn new(credentials: Vec<Credential>) -> Self {
-        Self { credentials }
+        Self {
+            credentials,
+            configured: true,
+        }
     }
 
     /// Whether principals are configured (then every request needs a token).
     pub fn required(&self) -> bool {
-        !self.credentials.is_empty()
+        self.configured
     }
 
     /// The principal a request's `Authorization` header establishes. A
