@@ -949,3 +949,43 @@ fn a_manifest_the_strict_reading_refuses_still_names_its_device() {
     assert!(msg.contains("bad.toml") && msg.contains("rig-1"), "{msg}");
     assert!(msg.contains("colour"), "{msg}");
 }
+
+/// A command that ran but whose receipt the store would not take is never
+/// answered `completed`: it is `unknown` (`receipt_not_durable`), a resend
+/// of its id replays that without reaching the driver, and once the store
+/// takes writes again the `unknown` receipt is recorded, so a restart would
+/// replay it too (issue 21 §3).
+#[tokio::test]
+async fn a_receipt_that_cannot_be_made_durable_is_unknown_replayed_and_recorded_later() {
+    let store = Arc::new(tether_store::faulty::FaultyStore::new(Arc::new(
+        MemoryStore::new(),
+    )));
+    let rig = rig_configured(None, store.clone(), KernelConfig::standard("test")).await;
+    let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 1}));
+    req.command_id = Some("01NOTDURABLERECEIPT0000001".into());
+    store.fail_writes.store(true, Ordering::SeqCst);
+    let first = rig.run(req.clone()).await;
+    assert_eq!(first["status"], "unknown", "{first}");
+    assert_eq!(
+        first["error"]["details"]["reason"], "receipt_not_durable",
+        "{first}"
+    );
+    assert_eq!(first["x-tether"]["evidence"], "not_durable", "{first}");
+    let calls = rig.calls();
+    let again = rig.run(req.clone()).await;
+    assert_eq!(again["status"], "unknown", "{again}");
+    assert_eq!(rig.calls(), calls, "the id never runs again");
+    store.fail_writes.store(false, Ordering::SeqCst);
+    let t0 = std::time::Instant::now();
+    let stored = loop {
+        if let Ok(Some(r)) = store.receipt("01NOTDURABLERECEIPT0000001") {
+            break r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(stored.receipt["status"], "unknown", "{:?}", stored.receipt);
+    let replay = rig.run(req).await;
+    assert_eq!(replay["status"], "unknown", "{replay}");
+    assert_eq!(rig.calls(), calls, "still never run again");
+}

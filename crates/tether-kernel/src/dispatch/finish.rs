@@ -2,9 +2,11 @@
 //! text, recorded durably with the revision and the open operation closed,
 //! then the `command_id` completed in the index.
 //!
-//! **Fail-closed rule:** a receipt that cannot be made durable is answered
-//! as such (`x-tether.evidence: not_durable`); for a physical call a smaller
-//! crashed finish is recorded instead, or the resource is held
+//! **Fail-closed rule:** a receipt that cannot be made durable is never
+//! answered `completed`: it is answered `unknown` (`receipt_not_durable`,
+//! `x-tether.evidence: not_durable`), replayed as such, and offered to the
+//! store again until it is recorded; for a physical call a smaller crashed
+//! finish is recorded instead, or the resource is held
 //! (`dispatch/evidence.rs`).
 
 use crate::dispatch::answer::Answer;
@@ -17,6 +19,11 @@ use serde_json::{json, Value};
 use tether_core::catalogue::{self};
 use tether_core::{Code, Receipt, Refusal, Status};
 use tether_store::{Commit, EventDraft, ReceiptRef, RevisionRow, StoreError};
+
+/// How often a not-durable command's `unknown` receipt is offered to the
+/// store again, and how many times (about ten minutes in all).
+const RECORD_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+const RECORD_RETRIES_MAX: u32 = 2400;
 
 impl Kernel {
     /// Records a dispatched command's receipt and answers it: a call the
@@ -57,19 +64,69 @@ impl Kernel {
                 (durable, Answer::Value(take_receipt(commit)))
             }
         };
-        if let Ok(mut ix) = self.inner.idem.lock() {
-            match &durable {
+        match durable {
+            Ok(_) => {
                 // Stored: a replay reads it back from the store, so the index
                 // keeps only the id and digest.
-                Ok(_) => ix.complete_stored(&ctx.command_id, &ctx.key),
-                // Not stored: the index is the only copy a replay can answer.
-                Err(_) => ix.complete(&ctx.command_id, &ctx.key, answer.clone().into_value()),
+                if let Ok(mut ix) = self.inner.idem.lock() {
+                    ix.complete_stored(&ctx.command_id, &ctx.key);
+                }
+                Ok(answer)
+            }
+            Err(e) => {
+                let unknown = self.not_durable(&ctx, b, op_id, answer, &e).await;
+                // Not stored: the index is the only copy a replay can answer,
+                // and it answers `unknown`: the id never runs again here.
+                if let Ok(mut ix) = self.inner.idem.lock() {
+                    ix.complete(&ctx.command_id, &ctx.key, unknown.clone().into_value());
+                }
+                // A physical call's finish is reconciled by its own crashed
+                // finish record (`not_durable`); the rest are offered again.
+                let dev = &self.inner.devices[ctx.device];
+                if !(dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b)) {
+                    self.record_when_possible(&ctx, &unknown);
+                }
+                Ok(unknown)
             }
         }
-        match durable {
-            Ok(_) => Ok(answer),
-            Err(e) => Ok(self.not_durable(&ctx, b, op_id, answer, &e).await),
-        }
+    }
+
+    /// Keeps trying, in the background and bounded, to make a not-durable
+    /// command's `unknown` receipt durable: once the store takes writes again
+    /// its id is on record (and a restart replays it instead of running it).
+    fn record_when_possible(&self, ctx: &Ctx, unknown: &Answer) {
+        let kernel = self.clone();
+        let (command_id, key) = (ctx.command_id.clone(), ctx.key.clone());
+        let receipt = unknown.clone().into_value();
+        tokio::spawn(async move {
+            for _ in 0..RECORD_RETRIES_MAX {
+                tokio::time::sleep(RECORD_RETRY_EVERY).await;
+                let commit = Commit {
+                    events: vec![EventDraft {
+                        kind: "receipt".into(),
+                        body: json!({"command_id": command_id, "receipt": receipt, "recorded_late": true}).into(),
+                    }],
+                    receipts: vec![ReceiptRef {
+                        command_id: command_id.clone(),
+                        input_digest: key.clone(),
+                        event: 0,
+                    }],
+                    ..Commit::default()
+                };
+                match kernel.commit(commit).await {
+                    Ok(_) => {
+                        if let Ok(mut ix) = kernel.inner.idem.lock() {
+                            ix.complete_stored(&command_id, &key);
+                        }
+                        return;
+                    }
+                    // Someone recorded it meanwhile (a crashed finish).
+                    Err(StoreError::Conflict(_)) => return,
+                    Err(_) => {}
+                }
+            }
+            tracing::error!(command_id = %command_id, "an unknown outcome could not be recorded; it stays answered from memory");
+        });
     }
 
     /// The typed receipt of a dispatched command (a configure command's
@@ -132,8 +189,10 @@ impl Kernel {
         }
     }
 
-    /// A receipt the store did not take: answered with `x-tether` saying so;
-    /// a physical call records a crashed finish, or holds its resource.
+    /// A receipt the store did not take: no client is told `completed` for
+    /// it. The answer is `unknown` (`receipt_not_durable`, what the device
+    /// reported kept in the details) with `x-tether` saying why; a physical
+    /// call records a crashed finish, or holds its resource.
     async fn not_durable(
         &self,
         ctx: &Ctx,
@@ -144,6 +203,15 @@ impl Kernel {
     ) -> Answer {
         tracing::error!(command_id = %ctx.command_id, error = %e, "receipt could not be made durable");
         let mut w = answer.into_value();
+        let reported = json!({"status": w["status"], "output": w["output"], "error": w["error"]});
+        w["status"] = json!(Status::Unknown.as_str());
+        w["output"] = Value::Null;
+        w["error"] = json!({
+            "mhs_code": Code::OutcomeUnknown.as_str(),
+            "message": "the command ran, but its receipt could not be made durable: its outcome is not on record; read the device before acting again, and do not resend this command_id",
+            "details": {"reason": "receipt_not_durable", "store_error": e.to_string(), "device_reported": reported},
+            "retryable": false,
+        });
         w["x-tether"] = json!({"evidence": "not_durable", "store_error": e.to_string()});
         let dev = &self.inner.devices[ctx.device];
         if dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b) {
