@@ -8,56 +8,23 @@
     clippy::too_many_lines
 )]
 
+mod common;
+
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_kernel::{Kernel, KernelConfig};
 use tether_store::faulty::FaultyStore;
 use tether_store::{MemoryStore, Store};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn serve(store: Arc<dyn Store>) -> SocketAddr {
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
-    let drivers =
-        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    let kernel =
-        Kernel::new(KernelConfig::standard("rest-records"), cell, drivers, store).expect("kernel");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(tether_server::http::serve(
-        kernel,
-        tether_server::auth::Authenticator::open(),
-        tether_server::edge::EdgeConfig::default(),
-        listener,
-        std::future::pending(),
-    ));
-    addr
+    common::serve(store, "rest-records").await
 }
 
 /// One HTTP/1.1 exchange on a fresh connection: status and JSON body.
 async fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.expect("write");
-    s.write_all(body.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8(raw).expect("utf-8");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status");
-    (status, serde_json::from_str(body).expect("json body"))
+    common::request(addr, method, path, Some(body)).await
 }
 
 fn kinds_for(store: &dyn Store, needle: &str) -> Vec<String> {
