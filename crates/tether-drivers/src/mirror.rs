@@ -264,12 +264,30 @@ pub mod answer {
             .collect()
     }
 
-    /// The call's refusal when its target has no map entry.
-    pub fn unknown_target(target: &str) -> Signal {
-        Signal::Failed {
+    /// How long a call may run when the kernel gives no deadline (it always
+    /// does; this only bounds the wait if it ever did not).
+    const CALL_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// What a call runs from: its target's steps, its capability and input,
+    /// and its deadline.
+    pub type CallParts<T> = (Vec<T>, (String, Value), Instant);
+
+    /// The parts of a call from the witness and the map's targets.
+    ///
+    /// # Errors
+    /// `Failed` (`unknown_target`) when the map has no steps for its target.
+    pub fn call_parts<T: Clone>(
+        targets: &std::collections::BTreeMap<String, Vec<T>>,
+        call: &tether_kernel::Authorized,
+    ) -> Result<CallParts<T>, Signal> {
+        let target = call.target();
+        let steps = targets.get(target).cloned().ok_or_else(|| Signal::Failed {
             reason: "unknown_target".into(),
             message: format!("the device's map has no target `{target}`"),
-        }
+        })?;
+        let input = (call.capability_id().to_owned(), call.input().clone());
+        let until = call.deadline().unwrap_or_else(|| Instant::now() + CALL_MAX);
+        Ok((steps, input, until))
     }
 
     /// Runs `call` on the driver's runtime and answers its result (a task

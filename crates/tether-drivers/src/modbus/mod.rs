@@ -26,17 +26,13 @@ use serde_json::Value;
 use shared::Shared;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tasks::Lanes;
 use tether_core::manifest::DeviceManifest;
 use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
 
 /// The driver kind in manifests.
 pub const KIND: &str = "modbus.tcp";
-
-/// How long a call may run when the kernel gives no deadline (it always
-/// does; this only bounds the wait if it ever did not).
-const CALL_MAX: Duration = Duration::from_secs(30);
 
 /// A Modbus TCP device.
 pub struct ModbusTcp {
@@ -94,15 +90,10 @@ impl Driver for ModbusTcp {
     }
 
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
-        let writes = self.shared.map.targets.get(call.target()).cloned();
-        let until = call.deadline().unwrap_or_else(|| Instant::now() + CALL_MAX);
+        let parts = answer::call_parts(&self.shared.map.targets, &call);
         let (s, l) = (self.shared.clone(), self.lanes.clone());
-        let input = (call.capability_id().to_owned(), call.input().clone());
-        let target = call.target().to_owned();
         Box::pin(async move {
-            let Some(writes) = writes else {
-                return Err(answer::unknown_target(&target));
-            };
+            let (writes, input, until) = parts?;
             let running = tasks::run_call(s, l, writes, input, cancel, until);
             answer::on_runtime(&self.runtime, running).await
         })

@@ -26,17 +26,13 @@ use config::Map;
 use node::{NodeRef, UaValue};
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tasks::{Lane, Lanes};
 use tether_core::manifest::DeviceManifest;
 use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
 
 /// The driver kind in manifests.
 pub const KIND: &str = "opcua";
-
-/// How long a call may run when the kernel gives no deadline (it always
-/// does; this only bounds the wait if it ever did not).
-const CALL_MAX: Duration = Duration::from_secs(30);
 
 /// What the driver and its tasks share: the map and the device's mirror,
 /// keyed by node.
@@ -143,15 +139,10 @@ impl Driver for OpcUa {
     }
 
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
-        let steps = self.shared.map.targets.get(call.target()).cloned();
-        let until = call.deadline().unwrap_or_else(|| Instant::now() + CALL_MAX);
+        let parts = answer::call_parts(&self.shared.map.targets, &call);
         let (s, l) = (self.shared.clone(), self.lanes.clone());
-        let input = (call.capability_id().to_owned(), call.input().clone());
-        let target = call.target().to_owned();
         Box::pin(async move {
-            let Some(steps) = steps else {
-                return Err(answer::unknown_target(&target));
-            };
+            let (steps, input, until) = parts?;
             let running = tasks::run_call(s, l, steps, input, cancel, until);
             answer::on_runtime(&self.runtime, running).await
         })
