@@ -478,25 +478,17 @@ fn check_reports_every_mapping_defect_with_file_device_and_field() {
             "lid = { table = \"discrete\", address = 0 }",
         );
     std::fs::write(&path, broken).unwrap();
-    let run = tether(&[OsStr::new("check"), cfg.as_os_str()]);
-    assert_eq!(run.code, Some(1), "{}", run.stderr);
-    let file = path.display().to_string();
-    for (field, what) in [
-        ("driver_config.fields.main.temperature.table", "inputs"),
-        ("driver_config.fields.main.setpoint.unit", "mL"),
-        ("driver_config.targets.configure", "no writes"),
-        ("driver_config.interlocks.lid.closed", "closed"),
-    ] {
-        let line = run
-            .stderr
-            .lines()
-            .find(|l| l.contains(field))
-            .unwrap_or_else(|| panic!("no defect at {field}:\n{}", run.stderr));
-        assert!(
-            line.contains(&file) && line.contains(DEVICE) && line.contains(what),
-            "{line}"
-        );
-    }
+    check_names_defects(
+        &cfg,
+        &path,
+        DEVICE,
+        &[
+            ("driver_config.fields.main.temperature.table", "inputs"),
+            ("driver_config.fields.main.setpoint.unit", "mL"),
+            ("driver_config.targets.configure", "no writes"),
+            ("driver_config.interlocks.lid.closed", "closed"),
+        ],
+    );
 }
 
 #[test]

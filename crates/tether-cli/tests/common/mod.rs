@@ -735,3 +735,27 @@ pub fn poll_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Runs `tether check CONFIG` and asserts it fails naming, for each
+/// `(field, what)`, a line with the manifest's file, the device and `what`.
+pub fn check_names_defects(
+    config: &Path,
+    manifest: &Path,
+    device: &str,
+    expected: &[(&str, &str)],
+) {
+    let run = tether(&[OsStr::new("check"), config.as_os_str()]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let file = manifest.display().to_string();
+    for (field, what) in expected {
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.contains(field))
+            .unwrap_or_else(|| panic!("no defect at {field}:\n{}", run.stderr));
+        assert!(
+            line.contains(&file) && line.contains(device) && line.contains(what),
+            "{line}"
+        );
+    }
+}
