@@ -453,6 +453,22 @@ fn with_tls_json_rpc_and_mcp_are_served_over_https_and_plain_http_gets_no_servic
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["ok"], true, "{answer}");
 
+    // The console shares the listener, and over TLS its session cookie is
+    // `Secure`: a browser never sends it over plain HTTP.
+    let raw = https_request(s.addr, &cert, "GET", "/console/", b"");
+    let text = String::from_utf8_lossy(&raw);
+    let cookie = text
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no console cookie over TLS: {text}"));
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("; Secure"),
+        "{cookie}"
+    );
+
     // Plain HTTP on the TLS port gets no HTTP answer: the handshake fails
     // and the connection is closed.
     let mut plain = TcpStream::connect_timeout(&s.addr, Duration::from_secs(5)).expect("connect");

@@ -31,7 +31,9 @@ struct AppState {
 
 /// The router (exposed for in-process tests), behind the edge
 /// (`crate::edge`): every route, the answers to unknown ones included.
-pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge) -> Router {
+/// `tls` says the listener speaks TLS (the console's cookie is then
+/// `Secure`, so a browser never sends it over plain HTTP).
+pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge, tls: bool) -> Router {
     let auth = Arc::new(auth);
     let (rest, rest_estop) = crate::rest::router_and_estop(kernel.clone(), Arc::clone(&auth));
     let guard = Arc::new(HttpGuard {
@@ -48,7 +50,7 @@ pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge) -> Router {
             auth: Arc::clone(&auth),
         })
         .merge(rest)
-        .merge(crate::console::router(kernel, auth))
+        .merge(crate::console::router(kernel, auth, tls))
         .fallback(crate::rest::not_found)
         .method_not_allowed_fallback(crate::rest::method_not_allowed)
         .layer(middleware::from_fn_with_state(guard, edge_guard))
@@ -136,6 +138,6 @@ pub async fn serve_on(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let edge = Edge::new(listener.local_addr()?, &names);
-    let app = router(kernel, auth.clone(), edge);
+    let app = router(kernel, auth.clone(), edge, settings.is_tls());
     crate::listener::serve(listener, app, auth, settings, shutdown).await
 }

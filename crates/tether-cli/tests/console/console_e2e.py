@@ -208,6 +208,42 @@ def check_forged_requests_change_nothing(browser, page):
     ok("a forged CSRF token (403) and a request without the cookie (401) changed nothing")
 
 
+def check_keyboard_only(page):
+    """Accessible basics: every control a person fills in has a label, the
+    first Tab offers a way past the header, and the e-stop is reached and
+    pressed with the keyboard alone."""
+    # The e-stop of every device above latched the relay: reset it, so the
+    # keyboard's press is what latches it again (the figures reset it after).
+    reset = rpc(ALICE, "mhs.safety.reset", {"device_id": "relay-1", "reason": "keyboard check"})
+    assert reset["result"]["status"] == "completed", reset
+    relay = rpc(ALICE, "mhs.safety.status", {"device_id": "relay-1"})["result"]["devices"][0]
+    assert relay["latched"] is False, relay
+    page.goto(URL + "/console/devices/relay-1")
+    unlabelled = page.evaluate(
+        """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea, button')]
+             .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
+                          && !(e.tagName === 'BUTTON' && e.textContent.trim()))
+             .map(e => e.outerHTML)""")
+    assert not unlabelled, unlabelled
+    page.keyboard.press("Tab")
+    first = page.evaluate("document.activeElement.textContent")
+    assert "Skip to the page" in first, first
+    name = "E-STOP relay-1"
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        focused = page.evaluate(
+            "(document.activeElement.getAttribute('aria-label') || document.activeElement.textContent || '').trim()")
+        if focused == name:
+            break
+    else:
+        raise AssertionError(f"Tab never reached the {name!r} button")
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("status")).to_contain_text("the latch is durable")
+    relay = rpc(ALICE, "mhs.safety.status", {"device_id": "relay-1"})["result"]["devices"][0]
+    assert relay["latched"] is True, relay
+    ok("keyboard only: every control is labelled, the first Tab skips the header, Tab and Enter press the e-stop and it latches")
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -301,6 +337,7 @@ def main() -> None:
             check_reset_refused_then_done(page)
             check_evidence(page)
             check_forged_requests_change_nothing(browser, page)
+            check_keyboard_only(page)
             page.get_by_role("button", name="Sign out").click()
             expect(page).to_have_url(URL + "/console/login")
             page.goto(URL + "/console/approvals")

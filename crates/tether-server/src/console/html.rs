@@ -132,12 +132,13 @@ pub fn layout(title: &str, v: &Viewer<'_>, body: &str, notice: Option<&str>) -> 
          <title>{title} — Tether console</title>\
          <link rel=\"stylesheet\" href=\"/console/static/console.css\">\
          <script src=\"/console/static/console.js\" defer></script></head><body>\
+         <a class=\"skip\" href=\"#main\">Skip to the page's content</a>\
          <header><h1>Tether console</h1>\
          <p class=\"who\">Signed in as <strong id=\"who\">{who}</strong></p>{signout}\
          <nav aria-label=\"Console\"><a href=\"/console/\">Devices</a> <a href=\"/console/approvals\">Approvals</a> <a href=\"/console/evidence\">Evidence</a></nav>\
          {estop}</header>\
          <p class=\"envelope\">Tether is a software envelope, not a safety-rated channel: this e-stop never replaces the hardware emergency stop.</p>\
-         {notice}<main><h2>{title}</h2>{body}</main></body></html>",
+         {notice}<main id=\"main\" tabindex=\"-1\"><h2>{title}</h2>{body}</main></body></html>",
         title = esc(title),
         estop = estop_form(v, None),
     )

@@ -53,15 +53,26 @@ struct Console {
     auth: Arc<Authenticator>,
     sessions: Arc<Sessions>,
     streams: Arc<AtomicUsize>,
+    /// The listener speaks TLS: the cookie is `Secure`.
+    secure: bool,
 }
 
-/// The console's routes (merged into the JSON-RPC listener's router).
-pub fn router(kernel: Kernel, auth: Arc<Authenticator>) -> Router {
+impl Console {
+    /// The `Set-Cookie` value of session `id` on this listener.
+    fn cookie(&self, id: &str) -> String {
+        session::set_cookie(id, self.secure)
+    }
+}
+
+/// The console's routes (merged into the JSON-RPC listener's router);
+/// `secure` when the listener speaks TLS.
+pub fn router(kernel: Kernel, auth: Arc<Authenticator>, secure: bool) -> Router {
     let state = Console {
         kernel,
         auth,
         sessions: Arc::new(Sessions::default()),
         streams: Arc::new(AtomicUsize::new(0)),
+        secure,
     };
     Router::new()
         .route("/console", get(|| async { redirect("/console/") }))
@@ -270,7 +281,7 @@ async fn devices_page(State(c): State<Console>, headers: HeaderMap) -> Response 
         html::layout("Devices", &viewer(&c, &s), &body, None),
     );
     if fresh {
-        with_cookie(r, &session::set_cookie(&id))
+        with_cookie(r, &c.cookie(&id))
     } else {
         r
     }
@@ -301,7 +312,7 @@ async fn device_page(
         html::layout(&format!("Device {device}"), &v, &body, None),
     );
     if fresh {
-        with_cookie(r, &session::set_cookie(&id))
+        with_cookie(r, &c.cookie(&id))
     } else {
         r
     }
@@ -321,7 +332,7 @@ async fn approvals_page(State(c): State<Console>, headers: HeaderMap) -> Respons
         html::layout("Approvals", &viewer(&c, &s), &body, None),
     );
     if fresh {
-        with_cookie(r, &session::set_cookie(&id))
+        with_cookie(r, &c.cookie(&id))
     } else {
         r
     }
@@ -345,7 +356,7 @@ async fn login(State(c): State<Console>, body: Body) -> Response {
     match c.auth.authenticate(token) {
         Ok(p) if c.auth.required() => {
             let id = c.sessions.open(p);
-            with_cookie(redirect("/console/"), &session::set_cookie(&id))
+            with_cookie(redirect("/console/"), &c.cookie(&id))
         }
         Ok(_) => redirect("/console/"),
         Err(_) => page(
@@ -397,7 +408,7 @@ async fn logout(State(c): State<Console>, headers: HeaderMap, body: Body) -> Res
     match checked_form(&c, &headers, body).await {
         Ok((id, _, _)) => {
             c.sessions.close(&id);
-            with_cookie(redirect("/console/login"), &session::clear_cookie())
+            with_cookie(redirect("/console/login"), &session::clear_cookie(c.secure))
         }
         Err(r) => *r,
     }
@@ -666,7 +677,7 @@ async fn evidence_with(c: &Console, headers: &HeaderMap, verify: bool) -> Respon
     let body = html::evidence_page(&evidence_tail_html(c, &s), verified.as_ref());
     let r = page(StatusCode::OK, html::layout("Evidence", &v, &body, None));
     if fresh {
-        with_cookie(r, &session::set_cookie(&id))
+        with_cookie(r, &c.cookie(&id))
     } else {
         r
     }

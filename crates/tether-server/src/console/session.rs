@@ -119,17 +119,30 @@ fn alive(s: &Session, now: Instant) -> bool {
 }
 
 /// The `Set-Cookie` value of a session (`Path=/console`, never readable by
-/// scripts, never sent by another site).
-pub fn set_cookie(id: &str) -> String {
+/// scripts, never sent by another site; with `secure`, on a TLS listener,
+/// never sent over plain HTTP either).
+pub fn set_cookie(id: &str, secure: bool) -> String {
     format!(
-        "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
-        ABSOLUTE.as_secs()
+        "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        ABSOLUTE.as_secs(),
+        secure_attribute(secure)
     )
 }
 
 /// The `Set-Cookie` value that removes it.
-pub fn clear_cookie() -> String {
-    format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0")
+pub fn clear_cookie(secure: bool) -> String {
+    format!(
+        "{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        secure_attribute(secure)
+    )
+}
+
+fn secure_attribute(secure: bool) -> &'static str {
+    if secure {
+        "; Secure"
+    } else {
+        ""
+    }
 }
 
 /// The session id a request's `Cookie` header carries.
@@ -172,6 +185,9 @@ mod tests {
             axum::http::HeaderValue::from_static("a=1; tether_console=xyz; b=2"),
         );
         assert_eq!(cookie_of(&h).as_deref(), Some("xyz"));
-        assert!(set_cookie("q").contains("HttpOnly; SameSite=Strict"));
+        assert!(set_cookie("q", false).contains("HttpOnly; SameSite=Strict"));
+        assert!(!set_cookie("q", false).contains("Secure"));
+        assert!(set_cookie("q", true).ends_with("; Secure"));
+        assert!(clear_cookie(true).contains("Max-Age=0; Secure"));
     }
 }
