@@ -742,6 +742,13 @@ fn at_start(fault: Fault) {
             "a latched device acts on nothing: {}",
             s.receipt
         );
+        if s.rest.is_none() {
+            assert_eq!(
+                s.receipt["error"]["mhs_code"], "MHS.SAFETY.ESTOP_ENGAGED",
+                "{}",
+                s.receipt
+            );
+        }
     }
     while_faulted(addr, &sid);
     clear(&sandbox, fault, held);
