@@ -29,6 +29,7 @@ pub struct Endpoint {
     _watcher: tether_kernel::governed::StopWatcher,
     _reaper: tokio::task::JoinHandle<()>,
     _link_monitor: Option<tokio::task::JoinHandle<()>>,
+    _opener: tether_kernel::StoreOpener,
     pub runtime: tokio::runtime::Runtime,
 }
 
@@ -88,8 +89,6 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         &tether_drivers::SimEnv::in_state_dir(&dir),
     )
     .map_err(anyhow::Error::msg)?;
-    let store = SqliteStore::open(&dir)
-        .with_context(|| format!("opening the evidence store in {}", dir.display()))?;
     let endpoint_id = loaded
         .config
         .endpoint_id
@@ -113,13 +112,31 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         }
         kernel_config.approval_ttl_ms = ttl * 1000;
     }
-    let kernel = match Kernel::new(kernel_config, cell, drivers, Arc::new(store)) {
-        Ok(k) => k,
+    // Opened by the kernel's opener thread: a store that cannot be opened
+    // or written now is tried again while the endpoint serves tripped.
+    let open_dir = dir.clone();
+    let open: tether_kernel::OpenStore = Box::new(move || {
+        SqliteStore::open(&open_dir).map(|s| Arc::new(s) as Arc<dyn tether_store::Store>)
+    });
+    let started = match Kernel::start_deferred(kernel_config, cell, drivers, open) {
+        Ok(s) => s,
         Err(e @ tether_kernel::StartError::Policy(_)) => {
             bail!("{e}\nthe policy is invalid; nothing was started")
         }
+        Err(e @ tether_kernel::StartError::Store(_)) => {
+            // An integrity defect: waiting heals none, so nothing starts.
+            return Err(anyhow::Error::new(e)
+                .context(format!("opening the evidence store in {}", dir.display())));
+        }
         Err(e) => return Err(anyhow::Error::new(e).context("starting the kernel")),
     };
+    if let Some(why) = &started.tripped {
+        eprintln!(
+            "tether: the evidence store in {} cannot be opened or written ({why}): serving LATCHED (every device tripped; e-stops, status, health and reads are served) and trying again",
+            dir.display()
+        );
+    }
+    let kernel = started.kernel;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -141,6 +158,7 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         _watcher: watcher,
         _reaper: reaper,
         _link_monitor: link_monitor,
+        _opener: started.opener,
         runtime,
     })
 }

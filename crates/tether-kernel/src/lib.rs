@@ -57,7 +57,10 @@ pub use dispatch::answer::Answer;
 pub use dispatch::authorized::{Authorized, CallKind};
 pub use dispatch::rider::{Rider, RiderOutcome};
 pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
-pub use kernel::{Kernel, KernelConfig, Principal, PrincipalKind, StartError};
+pub use kernel::{
+    DeferredStart, Kernel, KernelConfig, OpenStore, Principal, PrincipalKind, StartError,
+    StoreOpener,
+};
 pub use request::{
     deadline_from_ms, ApiError, ArmRequest, CommandOptions, CommandRequest, EstopRequest,
     EvidenceFault, GrantRequest, ReadRequest, ResetRequest, Route, SessionOpen, DEADLINE_MS_MAX,

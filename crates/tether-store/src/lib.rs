@@ -39,6 +39,7 @@
 
 pub use tether_core::canonical;
 pub mod chain;
+pub mod deferred;
 pub mod faulty;
 mod memory;
 mod prepare;

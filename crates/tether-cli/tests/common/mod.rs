@@ -73,6 +73,19 @@ impl Server {
         extra: &[&OsStr],
         env: &[(&str, &str)],
     ) -> Server {
+        Self::start_wrapped(&[], transport, dir, extra, env)
+    }
+
+    /// `start_with_env`, the binary started through `wrapper` (a program
+    /// and its arguments that exec the binary, e.g. `nsenter` into a mount
+    /// namespace; empty: the binary itself).
+    pub fn start_wrapped(
+        wrapper: &[&OsStr],
+        transport: Transport,
+        dir: Option<&Path>,
+        extra: &[&OsStr],
+        env: &[(&str, &str)],
+    ) -> Server {
         let (tmp, state_dir) = match dir {
             Some(d) => (None, d.to_path_buf()),
             None => {
@@ -81,25 +94,7 @@ impl Server {
                 (Some(t), p)
             }
         };
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(extra)
-            .envs(env.iter().copied());
-        match transport {
-            Transport::Http => {
-                cmd.args(["--http", "127.0.0.1:0"])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null());
-            }
-            Transport::Stdio => {
-                cmd.arg("--stdio")
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped());
-            }
-        }
-        cmd.stderr(Stdio::piped());
+        let mut cmd = serve_command(wrapper, &state_dir, transport, extra, env);
         let mut child = cmd.spawn().expect("spawn tether serve");
 
         // Drain stderr forever (so the pipe never fills), reporting the
@@ -332,6 +327,44 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The `tether serve` command line of a test server (through `wrapper`
+/// when it names a program).
+fn serve_command(
+    wrapper: &[&OsStr],
+    state_dir: &Path,
+    transport: Transport,
+    extra: &[&OsStr],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    cmd.arg("serve")
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(extra)
+        .envs(env.iter().copied());
+    match transport {
+        Transport::Http => {
+            cmd.args(["--http", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+        }
+        Transport::Stdio => {
+            cmd.arg("--stdio")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped());
+        }
+    }
+    cmd.stderr(Stdio::piped());
+    cmd
 }
 
 fn parse_listening(line: &str) -> Option<SocketAddr> {

@@ -62,6 +62,14 @@ impl Index {
         self.insert_done(Arc::from(command_id), digest, None);
     }
 
+    /// Warms the index with a stored id the index does not hold yet (an
+    /// entry it holds is newer knowledge: it stays as it is).
+    pub fn warm_missing(&mut self, command_id: String, digest: String) {
+        if !self.entries.contains_key(command_id.as_str()) {
+            self.warm(command_id, digest);
+        }
+    }
+
     /// Step 4.
     pub fn begin(&mut self, command_id: &str, digest: &str) -> Begin {
         match self.entries.get(command_id) {

@@ -5,17 +5,20 @@
 //! or only recording); device look-up by id; the running-operations view.
 //! The rest of the object lives beside it: `principal.rs` (who asks),
 //! `device.rs` (a device at run time, its compiled schemas and latch),
-//! `start.rs` (settings, start errors, `Kernel::new` and the restore).
+//! `start.rs` (settings, start errors, `Kernel::new` and the restore),
+//! `deferred.rs` (a start on a store that cannot be opened yet).
 //! **Never belongs here:** any step of the evaluation order (`order.rs` and
 //! the stage folders), SQL (`tether-store`).
 //! **Fail-closed rule:** a commit the store drops without answering is a
 //! store failure ([`StoreError::Closed`]), never a success; an unknown device
 //! id is `DEVICE.UNKNOWN`, never a default device.
 
+pub(crate) mod deferred;
 mod device;
 mod principal;
 mod start;
 
+pub use deferred::{DeferredStart, OpenStore, StoreOpener};
 pub(crate) use device::{
     answer_margin, binding_rt, compile, BindingRt, DeviceRt, LatchInfo, RunningOp,
     ANSWER_MARGIN_MS_MAX, ESTOP_BUDGET_MS_DEFAULT,
@@ -63,6 +66,9 @@ pub(crate) struct Inner {
     pub stop_watch: crate::safety::governed::WatchHealth,
     /// What the awaited commits and the health probe say of the store's writes.
     pub store_health: crate::safety::health::StoreHealth,
+    /// Whether the store is open (an endpoint started without it serves
+    /// tripped until it opens: `deferred.rs`).
+    pub store_open: deferred::OpenState,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).

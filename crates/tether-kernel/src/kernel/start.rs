@@ -138,12 +138,6 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-/// What the store holds for the devices: read once at start.
-struct Stored {
-    latches: Vec<LatchRow>,
-    revisions: Vec<RevisionRow>,
-}
-
 impl Kernel {
     /// Builds a kernel over a loaded cell, its drivers (by device id) and a
     /// store, restoring latches, arming, revisions, budgets, the idempotency
@@ -158,28 +152,31 @@ impl Kernel {
         drivers: HashMap<String, Arc<dyn Driver>>,
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
+        let kernel = Self::assemble(config, cell, drivers, Arc::clone(&store))?;
+        kernel.restore_from(store.as_ref(), None)?;
+        Ok(kernel)
+    }
+
+    /// The kernel over a cell with nothing restored yet: every device
+    /// unlatched at revision 0, an empty index that asks the store about
+    /// every id, no budget draws, no approvals. [`Kernel::restore_from`]
+    /// brings the store's state in before anything may act.
+    pub(crate) fn assemble(
+        config: KernelConfig,
+        cell: Cell,
+        drivers: HashMap<String, Arc<dyn Driver>>,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, StartError> {
         let defects = crate::bounds::check(&config);
         if !defects.is_empty() {
             return Err(StartError::Bounds(defects));
         }
-        // Orphans first: their receipts must be in the idempotency index.
-        crate::dispatch::evidence::reconcile_orphans(store.as_ref()).map_err(StartError::Store)?;
-        let stored = Stored {
-            latches: store.latches().map_err(StartError::Store)?,
-            revisions: store.revisions().map_err(StartError::Store)?,
-        };
-        let (devices, index) = restore_devices(&config, cell, drivers, &stored)?;
-        let idem = restore_index(&config, store.as_ref())?;
-        let now = now_ms();
-        let ledger = restore_budgets(store.as_ref(), now)?;
-        let sessions = Sessions::new(config.sessions_max);
+        let (devices, index) = build_devices(&config, cell, drivers)?;
         let policy = crate::check::policy::load(&config, &devices).map_err(StartError::Policy)?;
-        // The head first: an approval written after it is merged later
-        // (`sync_approvals`), one written before is in what is read now.
-        let head = store.chain_head().map_err(StartError::Store)?;
-        let mut approvals = Approvals::restore(&store.approvals().map_err(StartError::Store)?);
-        approvals.seen = head.map_or(0, |(seq, _)| seq);
-        let kernel = Kernel {
+        // Incomplete: until the store's receipts are in, a miss asks the store.
+        let idem = Index::new(config.idempotency_cache_max.max(1), false);
+        let sessions = Sessions::new(config.sessions_max);
+        Ok(Kernel {
             inner: Arc::new(Inner {
                 config,
                 devices,
@@ -187,28 +184,74 @@ impl Kernel {
                 store,
                 sessions: Mutex::new(sessions),
                 idem: Mutex::new(idem),
-                budgets: Mutex::new(ledger),
+                budgets: Mutex::new(Ledger::new()),
                 ops: Mutex::new(HashMap::new()),
                 finished_ops: Mutex::new(crate::dispatch::operations::Finished::default()),
                 grants: Mutex::new(crate::safety::grants::Grants::default()),
                 permits: Mutex::new(crate::check::permits::Permits::default()),
                 policy,
-                approvals: Mutex::new(approvals),
+                approvals: Mutex::new(Approvals::default()),
                 started: Instant::now(),
-                started_ms: now,
+                started_ms: now_ms(),
                 stop_watch: governed::WatchHealth::default(),
                 store_health: crate::safety::health::StoreHealth::default(),
+                store_open: crate::kernel::deferred::OpenState::default(),
             }),
-        };
-        kernel.record_start()?;
-        Ok(kernel)
+        })
+    }
+
+    /// Brings the state `store` holds into the kernel — orphaned commands
+    /// reconciled first (their receipts must be in the index), then each
+    /// device's latch, arming and revisions, the index, the budget ledger
+    /// and the approvals — and records `endpoint.start` there. A latch is
+    /// only ever set here, never released: a device latched in memory (the
+    /// trip of an endpoint that started without its store, `start_fault`)
+    /// stays latched whatever the store says.
+    pub(crate) fn restore_from(
+        &self,
+        store: &dyn Store,
+        start_fault: Option<&str>,
+    ) -> Result<(), StartError> {
+        crate::dispatch::evidence::reconcile_orphans(store).map_err(StartError::Store)?;
+        let latches = store.latches().map_err(StartError::Store)?;
+        let revisions = store.revisions().map_err(StartError::Store)?;
+        for dev in &self.inner.devices {
+            restore_device_state(&self.inner.config, dev, &latches, &revisions);
+        }
+        let warm = restore_index(&self.inner.config, store)?;
+        if let Ok(mut idem) = self.inner.idem.lock() {
+            match (start_fault, warm) {
+                // A fresh kernel: the store's receipts are the whole index.
+                (None, warm) => *idem = warm.into_index(&self.inner.config),
+                // Ids this endpoint answered while the store was away stay
+                // as they are; the index stays incomplete (a miss asks).
+                (Some(_), warm) => {
+                    for (id, digest) in warm.ids {
+                        idem.warm_missing(id, digest);
+                    }
+                }
+            }
+        }
+        let ledger = restore_budgets(store, now_ms())?;
+        if let Ok(mut b) = self.inner.budgets.lock() {
+            *b = ledger;
+        }
+        // The head first: an approval written after it is merged later
+        // (`sync_approvals`), one written before is in what is read now.
+        let head = store.chain_head().map_err(StartError::Store)?;
+        let mut approvals = Approvals::restore(&store.approvals().map_err(StartError::Store)?);
+        approvals.seen = head.map_or(0, |(seq, _)| seq);
+        if let Ok(mut a) = self.inner.approvals.lock() {
+            *a = approvals;
+        }
+        self.record_start(store, start_fault)
     }
 
     /// The `endpoint.start` entry, made durable before the kernel serves.
     /// A latch restored from the store may come from a trip no endpoint saw
     /// (`tether estop` while none ran): the approvals asked for before it
     /// are withdrawn now, as a live e-stop withdraws them.
-    fn record_start(&self) -> Result<(), StartError> {
+    fn record_start(&self, store: &dyn Store, start_fault: Option<&str>) -> Result<(), StartError> {
         let devices: Vec<Value> = self
             .inner
             .devices
@@ -223,12 +266,17 @@ impl Kernel {
             }
         }
         let revoked_ids: Vec<&str> = revoked.iter().map(|r| r.approval_id.as_str()).collect();
-        self.inner
-            .store
+        let mut body = json!({"endpoint_id": self.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices, "revoked_approvals": revoked_ids});
+        if let Some(fault) = start_fault {
+            // Said in the evidence: this endpoint served, tripped, before
+            // its store opened.
+            body["store_fault_at_start"] = json!(fault);
+        }
+        store
             .commit_blocking(Commit {
                 events: vec![EventDraft {
                     kind: "endpoint.start".into(),
-                    body: json!({"endpoint_id": self.inner.config.endpoint_id, "version": env!("CARGO_PKG_VERSION"), "devices": devices, "revoked_approvals": revoked_ids}).into(),
+                    body: body.into(),
                 }],
                 approvals: revoked,
                 ..Commit::default()
@@ -238,13 +286,12 @@ impl Kernel {
     }
 }
 
-/// Every device of the cell with its driver, compiled schemas and restored
-/// state, in load order, and the index of each by id.
-fn restore_devices(
+/// Every device of the cell with its driver and compiled schemas, nothing
+/// restored yet, in load order, and the index of each by id.
+fn build_devices(
     config: &KernelConfig,
     cell: Cell,
     mut drivers: HashMap<String, Arc<dyn Driver>>,
-    stored: &Stored,
 ) -> Result<(Vec<DeviceRt>, HashMap<String, usize>), StartError> {
     let mut devices = Vec::new();
     let mut index = HashMap::new();
@@ -254,18 +301,17 @@ fn restore_devices(
             .remove(&id)
             .ok_or_else(|| StartError::MissingDriver(id.clone()))?;
         index.insert(id, devices.len());
-        devices.push(restore_device(config, spec, driver, stored)?);
+        devices.push(build_device(config, spec, driver)?);
     }
     Ok((devices, index))
 }
 
-/// One device: its schemas compiled, its revisions, latch and arming as
-/// the store last recorded them.
-fn restore_device(
+/// One device: its schemas compiled; unlatched, at revision 0, armed as a
+/// start with nothing stored has it.
+fn build_device(
     config: &KernelConfig,
     spec: DeviceSpec,
     driver: Arc<dyn Driver>,
-    stored: &Stored,
 ) -> Result<DeviceRt, StartError> {
     let id = spec.manifest.device_id.as_str();
     let bindings = spec
@@ -277,24 +323,16 @@ fn restore_device(
         .manifest
         .resources
         .iter()
-        .map(|r| {
-            let revision = stored
-                .revisions
-                .iter()
-                .find(|row| row.device_id == id && row.resource == r.id)
-                .map_or(0, |row| row.revision);
-            (r.id.clone(), AtomicU64::new(revision))
-        })
+        .map(|r| (r.id.clone(), AtomicU64::new(0)))
         .collect();
-    let (latch, latched, latch_event_ms) = restored_latch(&stored.latches, id);
-    let (armed, arming_ms) = restored_arming(config, &spec, &stored.latches);
+    let (armed, arming_ms) = restored_arming(config, &spec, &[]);
     Ok(DeviceRt {
         spec,
         driver,
         bindings,
-        latched: AtomicBool::new(latched),
-        latch: Mutex::new(latch),
-        latch_event_ms: AtomicU64::new(latch_event_ms),
+        latched: AtomicBool::new(false),
+        latch: Mutex::new(LatchInfo::default()),
+        latch_event_ms: AtomicU64::new(0),
         armed: AtomicBool::new(armed),
         arming_ms: AtomicU64::new(arming_ms),
         estop_epoch: AtomicU64::new(0),
@@ -305,6 +343,39 @@ fn restore_device(
         revisions,
         lock: tokio::sync::Mutex::new(()),
     })
+}
+
+/// A device's revisions, latch and arming as the store last recorded them.
+/// Revisions only move forward and a latch is only set: what this process
+/// holds already (a start-up trip) is never undone by an older store.
+fn restore_device_state(
+    config: &KernelConfig,
+    dev: &DeviceRt,
+    latches: &[LatchRow],
+    revisions: &[RevisionRow],
+) {
+    let id = dev.id();
+    for (resource, revision) in &dev.revisions {
+        if let Some(row) = revisions
+            .iter()
+            .find(|row| row.device_id == id && &row.resource == resource)
+        {
+            revision.fetch_max(row.revision, Ordering::SeqCst);
+        }
+    }
+    let (latch, latched, latch_event_ms) = restored_latch(latches, id);
+    if latched && !dev.latched.swap(true, Ordering::SeqCst) {
+        if let Ok(mut l) = dev.latch.lock() {
+            *l = latch;
+        }
+    }
+    dev.latch_event_ms
+        .fetch_max(latch_event_ms, Ordering::SeqCst);
+    if dev.spec.manifest.mode.is_physical() && config.hardware_armed_at_start {
+        let (armed, arming_ms) = restored_arming(config, &dev.spec, latches);
+        dev.armed.store(armed, Ordering::SeqCst);
+        dev.arming_ms.store(arming_ms, Ordering::SeqCst);
+    }
 }
 
 /// The latch of a device from the newest stored trip or reset (its own or
@@ -342,16 +413,29 @@ fn restored_arming(config: &KernelConfig, spec: &DeviceSpec, latches: &[LatchRow
     }
 }
 
-/// The idempotency index, warmed with the newest receipts' digests.
-fn restore_index(config: &KernelConfig, store: &dyn Store) -> Result<Index, StartError> {
-    let (warm, complete) = store
+/// The newest receipts' ids and digests, and whether they are all of them.
+struct Warm {
+    ids: Vec<(String, String)>,
+    complete: bool,
+}
+
+impl Warm {
+    /// The index of a fresh kernel, warmed with them.
+    fn into_index(self, config: &KernelConfig) -> Index {
+        let mut idem = Index::new(config.idempotency_cache_max.max(1), self.complete);
+        for (id, digest) in self.ids {
+            idem.warm(id, digest);
+        }
+        idem
+    }
+}
+
+/// The idempotency index's warm set: the newest receipts' digests.
+fn restore_index(config: &KernelConfig, store: &dyn Store) -> Result<Warm, StartError> {
+    let (ids, complete) = store
         .receipt_digests(config.idempotency_cache_max)
         .map_err(StartError::Store)?;
-    let mut idem = Index::new(config.idempotency_cache_max.max(1), complete);
-    for (id, digest) in warm {
-        idem.warm(id, digest);
-    }
-    Ok(idem)
+    Ok(Warm { ids, complete })
 }
 
 /// The budget ledger: every journalled draw not released is replayed as

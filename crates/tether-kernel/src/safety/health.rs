@@ -133,6 +133,9 @@ impl Kernel {
     async fn store_writable(&self) -> Result<(), String> {
         let wait = Duration::from_millis(HEALTH_PROBE_WAIT_MS);
         let health = &self.inner.store_health;
+        if let Some(why) = self.store_closed() {
+            return Err(why);
+        }
         if !self.inner.stop_watch.readable() {
             return Err("the governed stop cannot be read from the store".into());
         }

@@ -49,6 +49,13 @@ impl Kernel {
                 })
             })
             .collect();
-        Ok(json!({"devices": list, "not_certified": true, "statement": tether_core::NOT_CERTIFIED}))
+        // Why every device is latched, when the store did not open at start.
+        let store = match self.store_closed() {
+            Some(why) => json!({"open": false, "error": why}),
+            None => json!({"open": true, "error": null}),
+        };
+        Ok(
+            json!({"devices": list, "store": store, "not_certified": true, "statement": tether_core::NOT_CERTIFIED}),
+        )
     }
 }
