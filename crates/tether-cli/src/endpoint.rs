@@ -8,9 +8,7 @@ use crate::config;
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use tether_kernel::{Kernel, KernelConfig, Principal};
-use tether_store::SqliteStore;
 
 /// Every approval TTL the config accepts converts to milliseconds without
 /// overflow (`start` multiplies by 1000).
@@ -23,6 +21,8 @@ pub struct Endpoint {
     pub kernel: Kernel,
     pub auth: tether_server::auth::Authenticator,
     pub dir: PathBuf,
+    /// `state DIR` or `store URL`, for messages.
+    pub store_shown: String,
     pub device_count: usize,
     /// The MCP HTTP session bounds (`[http]`).
     pub mcp_sessions: tether_server::mcp::http::SessionBounds,
@@ -80,16 +80,17 @@ pub fn prepare(config_path: Option<&Path>) -> Result<Prepared, ExitCode> {
 
 /// Opens the store, starts the kernel, the governed-stop watcher, the
 /// session reaper and the link monitor.
-pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpoint> {
+pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::Result<Endpoint> {
     let (loaded, cell, auth) = prepared;
-    let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
+    let dir = config::state_dir(choice.state_dir.as_deref(), Some(&loaded));
     let drivers = tether_drivers::build_all_with(
         cell.devices.iter().map(|d| &d.manifest),
         &tether_drivers::SimEnv::in_state_dir(&dir),
     )
     .map_err(anyhow::Error::msg)?;
-    let store = SqliteStore::open(&dir)
-        .with_context(|| format!("opening the evidence store in {}", dir.display()))?;
+    // Simulated devices keep their files in the state directory whichever
+    // store holds the evidence.
+    let opened = crate::store::open(choice.url(Some(&loaded)).as_deref(), &dir)?;
     let endpoint_id = loaded
         .config
         .endpoint_id
@@ -113,7 +114,7 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         }
         kernel_config.approval_ttl_ms = ttl * 1000;
     }
-    let kernel = match Kernel::new(kernel_config, cell, drivers, Arc::new(store)) {
+    let kernel = match Kernel::new(kernel_config, cell, drivers, opened.store) {
         Ok(k) => k,
         Err(e @ tether_kernel::StartError::Policy(_)) => {
             bail!("{e}\nthe policy is invalid; nothing was started")
@@ -136,6 +137,7 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         kernel,
         auth,
         dir,
+        store_shown: opened.shown,
         device_count,
         mcp_sessions,
         _watcher: watcher,
