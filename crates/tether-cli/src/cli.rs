@@ -29,6 +29,11 @@ pub enum Command {
         /// Where evidence, latches, budgets and receipts persist.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// A PostgreSQL store shared by a fleet (`postgres://user@host:port/db`;
+        /// the password from PGPASSWORD or a passfile, never in the URL).
+        /// Default: the config's `store`, else the SQLite store in the state directory.
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
         /// Serve JSON-RPC on standard input/output, one JSON value per line.
         #[arg(long, conflicts_with = "http")]
         stdio: bool,
@@ -52,6 +57,11 @@ pub enum Command {
         /// Where evidence, latches, budgets and receipts persist.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// A PostgreSQL store shared by a fleet (`postgres://user@host:port/db`;
+        /// the password from PGPASSWORD or a passfile, never in the URL).
+        /// Default: the config's `store`, else the SQLite store in the state directory.
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
         /// Environment variable holding this caller's bearer token (needed
         /// when principals are configured; never pass a token as a flag).
         #[arg(long, value_name = "NAME", default_value = "TETHER_TOKEN")]
@@ -111,6 +121,11 @@ pub enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
+    /// Manage a PostgreSQL store: create or upgrade its schema.
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
     /// Trip the governed stop from a shell: every endpoint on the state
     /// directory latches (one device, or all). Works with no endpoint running.
     Estop {
@@ -120,6 +135,9 @@ pub enum Command {
         /// State directory shared with the endpoints.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// The fleet's PostgreSQL store (instead of a state directory).
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
         /// Why (recorded in the evidence).
         #[arg(long, default_value = "tether estop from a shell")]
         reason: String,
@@ -267,14 +285,32 @@ pub enum AuditAction {
         /// State directory.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// A PostgreSQL store (instead of a state directory).
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
     },
     /// Verify a chain; exit 1 naming the first broken entry.
     Verify {
         /// State directory to verify.
         #[arg(long, conflicts_with = "file")]
         state_dir: Option<PathBuf>,
+        /// A PostgreSQL store to verify (instead of a state directory).
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
         /// Exported JSON Lines file to verify.
         #[arg(long)]
         file: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum StoreAction {
+    /// Create the schema of a PostgreSQL store, or upgrade it to this
+    /// build's version (endpoints refuse a version they do not know).
+    Migrate {
+        /// The store (`postgres://user@host:port/db`; the password from
+        /// PGPASSWORD or a passfile).
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: String,
     },
 }

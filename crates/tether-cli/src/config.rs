@@ -14,6 +14,10 @@ pub struct EndpointConfig {
     /// State directory, relative to the config file.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
+    /// A PostgreSQL store shared by a fleet (`postgres://user@host:port/db`,
+    /// no password in it); default: the SQLite store in the state directory.
+    #[serde(default)]
+    pub store: Option<String>,
     /// Serve the built-in simulated cell as well.
     #[serde(default)]
     pub builtin_cell: bool,

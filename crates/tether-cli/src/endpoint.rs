@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use tether_kernel::{Kernel, KernelConfig, Principal};
-use tether_store::SqliteStore;
+use tether_store::{PgStore, SqliteStore, Store};
 
 /// Every approval TTL the config accepts converts to milliseconds without
 /// overflow (`start` multiplies by 1000).
@@ -23,6 +23,8 @@ pub struct Endpoint {
     pub kernel: Kernel,
     pub auth: tether_server::auth::Authenticator,
     pub dir: PathBuf,
+    /// `state DIR` or `store URL`, for messages.
+    pub store_shown: String,
     pub device_count: usize,
     /// The MCP HTTP session bounds (`[http]`).
     pub mcp_sessions: tether_server::mcp::http::SessionBounds,
@@ -81,14 +83,20 @@ pub fn prepare(config_path: Option<&Path>) -> Result<Prepared, ExitCode> {
 
 /// Opens the store, starts the kernel, the governed-stop watcher, the
 /// session reaper and the link monitor.
-pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<Endpoint> {
+pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::Result<Endpoint> {
     let (loaded, cell, auth) = prepared;
-    let dir = config::state_dir(state_dir.as_deref(), Some(&loaded));
+    let dir = config::state_dir(choice.state_dir.as_deref(), Some(&loaded));
     let drivers = tether_drivers::build_all_with(
         cell.devices.iter().map(|d| &d.manifest),
         &tether_drivers::SimEnv::in_state_dir(&dir),
     )
     .map_err(anyhow::Error::msg)?;
+    // Simulated devices keep their files in the state directory whichever
+    // store holds the evidence.
+    let url = choice.url(Some(&loaded));
+    let store_shown = url
+        .as_ref()
+        .map_or_else(|| format!("state {}", dir.display()), |u| format!("store {u}"));
     let endpoint_id = loaded
         .config
         .endpoint_id
@@ -115,8 +123,9 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
     // Opened by the kernel's opener thread: a store that cannot be opened
     // or written now is tried again while the endpoint serves tripped.
     let open_dir = dir.clone();
-    let open: tether_kernel::OpenStore = Box::new(move || {
-        SqliteStore::open(&open_dir).map(|s| Arc::new(s) as Arc<dyn tether_store::Store>)
+    let open: tether_kernel::OpenStore = Box::new(move || match &url {
+        Some(u) => PgStore::open(u).map(|s| Arc::new(s) as Arc<dyn Store>),
+        None => SqliteStore::open(&open_dir).map(|s| Arc::new(s) as Arc<dyn Store>),
     });
     let started = match Kernel::start_deferred(kernel_config, cell, drivers, open) {
         Ok(s) => s,
@@ -125,15 +134,13 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         }
         Err(e @ tether_kernel::StartError::Store(_)) => {
             // An integrity defect: waiting heals none, so nothing starts.
-            return Err(anyhow::Error::new(e)
-                .context(format!("opening the evidence store in {}", dir.display())));
+            return Err(anyhow::Error::new(e).context(format!("opening the evidence store ({store_shown})")));
         }
         Err(e) => return Err(anyhow::Error::new(e).context("starting the kernel")),
     };
     if let Some(why) = &started.tripped {
         eprintln!(
-            "tether: the evidence store in {} cannot be opened or written ({why}): serving LATCHED (every device tripped; e-stops, status, health and reads are served) and trying again",
-            dir.display()
+            "tether: the evidence store ({store_shown}) cannot be opened or written ({why}): serving LATCHED (every device tripped; e-stops, status, health and reads are served) and trying again"
         );
     }
     let kernel = started.kernel;
@@ -153,6 +160,7 @@ pub fn start(prepared: Prepared, state_dir: Option<PathBuf>) -> anyhow::Result<E
         kernel,
         auth,
         dir,
+        store_shown,
         device_count,
         mcp_sessions,
         _watcher: watcher,

@@ -22,6 +22,7 @@ mod rpc;
 mod safety;
 mod serve;
 mod sim;
+mod store;
 
 /// mimalloc instead of the system allocator: under 64 concurrent callers,
 /// glibc malloc's arena contention cost about a quarter of the CPU of a
@@ -76,13 +77,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Serve {
             config,
             state_dir,
+            store,
             stdio,
             http,
             mcp_http,
             insecure_no_auth,
         } => serve::serve(
             config,
-            state_dir,
+            store::StoreChoice { state_dir, store },
             serve::Surfaces {
                 stdio,
                 http,
@@ -93,8 +95,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Mcp {
             config,
             state_dir,
+            store,
             token_env,
-        } => serve::mcp(config, state_dir, &token_env),
+        } => serve::mcp(config, store::StoreChoice { state_dir, store }, &token_env),
         Command::Check { file, schema } => Ok(check::check(&file, schema)),
         Command::Approvals { action, endpoint } => approvals::approvals(action, &endpoint),
         Command::Describe {
@@ -108,11 +111,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             timeout_ms,
         } => describe::probe(&device, &config, timeout_ms),
         Command::Audit { action } => audit::audit(action),
+        Command::Store { action } => store::store(action),
         Command::Estop {
             device,
             state_dir,
+            store,
             reason,
-        } => safety::estop(device.as_deref(), state_dir, &reason),
+        } => safety::estop(
+            device.as_deref(),
+            store::StoreChoice { state_dir, store },
+            &reason,
+        ),
         Command::Reset {
             device,
             endpoint,

@@ -3,29 +3,20 @@
 //! and `tether reset`, `arm` and `disarm` (operator calls to a running
 //! endpoint).
 
-use crate::config;
 use crate::rpc;
-use anyhow::Context;
-use std::path::PathBuf;
+use crate::store::StoreChoice;
 use std::process::ExitCode;
-use tether_store::SqliteStore;
 
 /// `tether estop`: latches the governed stop in the store; exit 0 only once
 /// it is durable, 2 when it is not.
-pub fn estop(
-    device: Option<&str>,
-    state_dir: Option<PathBuf>,
-    reason: &str,
-) -> anyhow::Result<ExitCode> {
-    let dir = config::state_dir(state_dir.as_deref(), None);
-    let store = SqliteStore::open(&dir)
-        .with_context(|| format!("opening the store in {}", dir.display()))?;
-    match tether_kernel::governed::trip_in_store(&store, device, reason, "cli") {
+pub fn estop(device: Option<&str>, choice: StoreChoice, reason: &str) -> anyhow::Result<ExitCode> {
+    let opened = crate::store::open_for_shell(&choice)?;
+    match tether_kernel::governed::trip_in_store(opened.store.as_ref(), device, reason, "cli") {
         Ok(since) => {
             println!(
-                "governed stop latched and durable: {} (at {since} ms, state {})",
+                "governed stop latched and durable: {} (at {since} ms, {})",
                 device.unwrap_or("every device"),
-                dir.display()
+                opened.shown
             );
             if device.is_some() {
                 eprintln!("tether: note: the device id is not checked here; an endpoint that serves no such device stops nothing");

@@ -60,7 +60,7 @@ fn raise_open_files_limit() -> Option<u64> {
 /// `tether serve`: the built-in cell or the config's, on the chosen surfaces.
 pub fn serve(
     config_path: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
+    choice: crate::store::StoreChoice,
     surfaces: Surfaces,
 ) -> anyhow::Result<ExitCode> {
     if !surfaces.stdio && surfaces.http.is_none() && surfaces.mcp_http.is_none() {
@@ -111,7 +111,8 @@ pub fn serve(
     } else {
         None
     };
-    let endpoint = start(prepared, state_dir)?;
+    let endpoint = start(prepared, choice)?;
+    eprintln!("tether: evidence kept in the {}", endpoint.store_shown);
     let Endpoint {
         kernel,
         auth,
@@ -299,7 +300,7 @@ async fn wind_down(kernel: &Kernel) {
 /// `tether mcp`: MCP on stdio for a client that launches the endpoint.
 pub fn mcp(
     config_path: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
+    choice: crate::store::StoreChoice,
     token_env: &str,
 ) -> anyhow::Result<ExitCode> {
     init_tracing();
@@ -311,7 +312,8 @@ pub fn mcp(
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let endpoint = start(prepared, state_dir)?;
+    let endpoint = start(prepared, choice)?;
+    eprintln!("tether: evidence kept in the {}", endpoint.store_shown);
     eprintln!(
         "tether: serving MCP on stdio ({} devices, state {})",
         endpoint.device_count,

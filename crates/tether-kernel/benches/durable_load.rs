@@ -6,6 +6,9 @@
 //! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines for the docs. The
 //! same load then runs on the in-memory store (no SQLite, no sync), and the
 //! ratio of the two is printed: what the disk costs, measured in one run.
+//! With `DURABLE_LOAD_PG=1` the same load also runs on the PostgreSQL store
+//! (a throwaway local cluster, or the server `TETHER_TEST_PG_URL` names) and
+//! its ratio to SQLite's figure of the same run is printed.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -14,6 +17,8 @@
 )]
 
 mod common;
+#[path = "../../tether-store/tests/common/pg.rs"]
+mod pg;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -53,6 +58,20 @@ fn main() {
         stats.idle_waits
     );
     drop(sqlite);
+    if std::env::var_os("DURABLE_LOAD_PG").is_some() {
+        let url = pg::migrated_database("durable_load");
+        let store = Arc::new(tether_store::PgStore::open(&url).expect("PostgreSQL store"));
+        let on_pg = run_load(store.clone(), callers, per_caller);
+        let stats = store.stats();
+        on_pg.print("durable_load_postgres", callers);
+        println!(
+            "FIGURE durable_load_postgres_batches batches={} commits_per_batch={:.1} largest_batch={} postgres_vs_sqlite={:.2}",
+            stats.batches,
+            stats.commits as f64 / stats.batches.max(1) as f64,
+            stats.largest_batch,
+            on_pg.per_second() / durable.per_second().max(f64::MIN_POSITIVE)
+        );
+    }
     if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
         let _kept = dir.keep();
     }

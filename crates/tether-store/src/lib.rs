@@ -23,6 +23,10 @@
 //!   `synchronous=FULL`. A single writer thread owns the write connection and
 //!   the chain head; everything queued is applied in one transaction and made
 //!   durable by one fsync (group commit), then every caller's `done` runs.
+//! * [`PgStore`] — one PostgreSQL database shared by the endpoints of a
+//!   fleet, `synchronous_commit=on`; the same writer thread and batching,
+//!   one transaction per batch, one evidence chain for the whole store
+//!   (each batch locks its head row). See [`postgres`] and docs/STORE.md.
 //! * [`MemoryStore`] — the same behaviour (same writer thread and batching)
 //!   without durability, for tests and in-process benchmarks.
 //!
@@ -42,6 +46,7 @@ pub mod chain;
 pub mod deferred;
 pub mod faulty;
 mod memory;
+pub mod postgres;
 mod prepare;
 mod sqlite;
 pub mod verify;
@@ -49,6 +54,7 @@ mod writer;
 
 pub use chain::{GENESIS_PREV_HASH, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
 pub use memory::MemoryStore;
+pub use postgres::{PgStore, PG_SCHEMA_VERSION};
 pub use prepare::MAX_ITEMS_PER_COMMIT;
 pub use sqlite::{SqliteStore, DB_FILE_NAME, SCHEMA_VERSION};
 pub use writer::{WriterStats, MAX_BATCH_COMMITS, QUEUE_CAPACITY};
@@ -322,9 +328,22 @@ pub enum StoreError {
     /// nothing of it was stored.
     #[error("invalid commit: {0}")]
     Invalid(String),
-    /// The database was written by a newer, incompatible version of Tether.
+    /// The database was written by a newer, incompatible version of Tether
+    /// (or, for PostgreSQL, holds no schema or an older one: run `tether
+    /// store migrate`).
     #[error("unsupported store: {0}")]
     Unsupported(String),
+    /// An error reported by PostgreSQL or its connection (refused, lost,
+    /// timed out, a constraint); the batch's transaction was rolled back,
+    /// so nothing of it was stored.
+    #[error("store database error: {0}")]
+    Postgres(String),
+    /// The link to the database was lost while a `COMMIT` was in flight:
+    /// the commit may or may not be stored. Not retryable — a retry could
+    /// store it twice; the caller reads the store again (e.g. the receipt
+    /// of its `command_id`) to learn what happened.
+    #[error("store commit outcome unknown: {0}")]
+    Indeterminate(String),
 }
 
 impl StoreError {
@@ -334,7 +353,10 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            StoreError::Overloaded | StoreError::Io(_) | StoreError::Sqlite(_)
+            StoreError::Overloaded
+                | StoreError::Io(_)
+                | StoreError::Sqlite(_)
+                | StoreError::Postgres(_)
         )
     }
 }

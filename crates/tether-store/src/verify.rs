@@ -1,5 +1,5 @@
 //! Offline verification of an evidence chain: an exported JSON Lines file or
-//! a store's `events` table.
+//! a store's `events` table (a PostgreSQL store's: `postgres::verify_url`).
 //!
 //! Each entry must parse, carry exactly the entry members, be in RFC 8785
 //! canonical form (so any changed byte is significant), recompute its own
@@ -112,6 +112,12 @@ impl ChainVerifier {
     /// false once the chain is broken; later calls are ignored.
     pub fn push_line(&mut self, line: &[u8]) -> bool {
         self.push(line, None)
+    }
+
+    /// Like `push_line`, also checking the `seq` and `hash` columns a
+    /// store keeps beside the entry text.
+    pub(crate) fn push_stored(&mut self, line: &[u8], seq: i64, hash: &str) -> bool {
+        self.push(line, Some((seq, hash)))
     }
 
     /// Like `push_line`, also checking the `seq` and `hash` a store keeps
@@ -347,7 +353,7 @@ pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
 
 /// A hash chain cannot show entries cut from its end; the head the store
 /// recorded with its last batch, and the entries its indexes point at, can.
-fn check_nothing_cut_from_the_end(
+pub(crate) fn check_nothing_cut_from_the_end(
     v: &mut ChainVerifier,
     recorded: Option<(u64, String)>,
     indexed: Option<(u64, &'static str)>,

@@ -1,11 +1,17 @@
-//! Behaviour of both stores through the `Store` trait, plus SQLite-only
-//! durability and integrity checks.
+//! Behaviour of every store through the `Store` trait — a conformance suite
+//! run against the memory store, SQLite and a real PostgreSQL (a throwaway
+//! cluster, see `common/pg.rs`; every run of it a database of its own) with
+//! the same assertions — plus SQLite-only durability and integrity checks
+//! (PostgreSQL's own are in `postgres.rs`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
     clippy::too_many_lines
 )]
+
+#[path = "common/pg.rs"]
+mod pg;
 
 use serde_json::json;
 use std::sync::mpsc;
@@ -92,11 +98,13 @@ fn full_commit(id: &str) -> Commit {
     }
 }
 
-/// Run `f` against both implementations.
+/// Run `f` against every implementation: memory, SQLite, PostgreSQL.
 fn both(f: impl Fn(&dyn Store)) {
     f(&MemoryStore::new());
     let dir = tempfile::tempdir().expect("tempdir");
     f(&SqliteStore::open(dir.path()).expect("open"));
+    let url = pg::migrated_database("conformance");
+    f(&tether_store::PgStore::open(&url).expect("open PostgreSQL"));
 }
 
 #[test]
@@ -221,6 +229,29 @@ fn durability_flags() {
     assert!(!MemoryStore::new().durable());
     let dir = tempfile::tempdir().expect("tempdir");
     assert!(SqliteStore::open(dir.path()).expect("open").durable());
+    let url = pg::migrated_database("durable");
+    assert!(tether_store::PgStore::open(&url).expect("open").durable());
+}
+
+#[test]
+fn the_change_token_moves_with_every_commit_even_without_events() {
+    both(|s| {
+        let t0 = s.change_token().expect("token");
+        assert_eq!(s.change_token().expect("token"), t0, "nothing committed");
+        s.commit_blocking(full_commit("a")).expect("a");
+        let t1 = s.change_token().expect("token");
+        assert_ne!(t1, t0);
+        s.commit_blocking(Commit {
+            latches: vec![LatchRow {
+                device_id: "dev2".into(),
+                latched: true,
+                info: json!({"by": "stop"}),
+            }],
+            ..Commit::default()
+        })
+        .expect("latch only");
+        assert_ne!(s.change_token().expect("token"), t1);
+    });
 }
 
 #[test]

@@ -1,0 +1,239 @@
+//! The PostgreSQL store against a real server (a throwaway cluster the test
+//! starts, see `common/pg.rs`): what the shared conformance suite in
+//! `store.rs` cannot say through one handle — several endpoints on one
+//! database keeping one chain, the schema version, integrity refusals,
+//! password handling, and the rows as PostgreSQL holds them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "common/pg.rs"]
+mod pg;
+
+use serde_json::json;
+use std::sync::Arc;
+use tether_store::postgres::verify_url;
+use tether_store::verify::verify_jsonl;
+use tether_store::{
+    Commit, EventDraft, LatchRow, PgStore, ReceiptRef, Store, StoreError, PG_SCHEMA_VERSION,
+};
+
+fn command(id: &str) -> Commit {
+    let receipt = json!({"command_id": id, "status": "completed"});
+    Commit {
+        events: vec![
+            EventDraft {
+                kind: "command.started".into(),
+                body: json!({"command_id": id}).into(),
+            },
+            EventDraft {
+                kind: "command.finished".into(),
+                body: json!({"command_id": id, "receipt": receipt}).into(),
+            },
+        ],
+        receipts: vec![ReceiptRef {
+            command_id: id.into(),
+            input_digest: tether_store::canonical::digest(&json!({"id": id})),
+            event: 1,
+        }],
+        ..Commit::default()
+    }
+}
+
+#[test]
+fn two_endpoints_committing_at_once_keep_one_verifiable_chain() {
+    let url = pg::migrated_database("two_endpoints");
+    // Two stores on one database, as two endpoint processes would open it.
+    let a = Arc::new(PgStore::open(&url).expect("a"));
+    let b = Arc::new(PgStore::open(&url).expect("b"));
+    const PER_THREAD: usize = 150;
+    std::thread::scope(|scope| {
+        for (name, s) in [("a", &a), ("b", &b), ("a2", &a), ("b2", &b)] {
+            scope.spawn(move || {
+                for i in 0..PER_THREAD {
+                    s.commit_blocking(command(&format!("{name}-{i}")))
+                        .expect("commit");
+                }
+            });
+        }
+    });
+    let total = (4 * PER_THREAD * 2) as u64;
+    // Each sees the other's commits: one chain, one head.
+    assert_eq!(a.chain_head().expect("head"), b.chain_head().expect("head"));
+    assert_eq!(a.chain_head().expect("head").expect("some").0, total);
+    // A command id run through one endpoint is a conflict through the other.
+    let err = b.commit_blocking(command("a-7")).expect_err("already run");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(
+        b.receipt("a-7").expect("read").expect("there").command_id,
+        "a-7"
+    );
+    let mut out = Vec::new();
+    assert_eq!(a.export_chain(&mut out).expect("export"), total);
+    let v = verify_jsonl(&out[..]);
+    assert!(v.ok, "{:?}", v.first_broken);
+    let v = verify_url(&url).expect("verify");
+    assert!(v.ok && v.entries == total, "{v:?}");
+    // The rows, as PostgreSQL holds them.
+    let n = pg::psql_on(&url, "SELECT count(*) FROM receipts");
+    assert_eq!(n, (4 * PER_THREAD).to_string());
+    let head = pg::psql_on(&url, "SELECT seq FROM chain_head");
+    assert_eq!(head, total.to_string());
+}
+
+#[test]
+fn a_commit_on_one_endpoint_moves_the_others_change_token_and_latches() {
+    let url = pg::migrated_database("change_token");
+    let a = PgStore::open(&url).expect("a");
+    let b = PgStore::open(&url).expect("b");
+    let before = b.change_token().expect("token");
+    a.commit_blocking(Commit {
+        latches: vec![LatchRow {
+            device_id: "arm".into(),
+            latched: true,
+            info: json!({"by": "operator"}),
+        }],
+        ..Commit::default()
+    })
+    .expect("latch");
+    assert_ne!(b.change_token().expect("token"), before);
+    assert!(b.latches().expect("latches")[0].latched);
+}
+
+#[test]
+fn reopening_continues_the_chain_and_keeps_idempotency() {
+    let url = pg::migrated_database("reopen");
+    let head = {
+        let s = PgStore::open(&url).expect("open");
+        s.commit_blocking(command("x")).expect("x")
+    };
+    let s = PgStore::open(&url).expect("reopen");
+    assert_eq!(
+        s.chain_head().expect("head"),
+        Some((2, head.head_hash.clone()))
+    );
+    assert!(matches!(
+        s.commit_blocking(command("x")),
+        Err(StoreError::Conflict(_))
+    ));
+    let ack = s.commit_blocking(command("y")).expect("y");
+    assert_eq!((ack.first_seq, ack.last_seq), (3, 4));
+    let v = verify_url(&url).expect("verify");
+    assert!(v.ok && v.entries == 4, "{v:?}");
+}
+
+#[test]
+fn migrate_creates_then_is_a_no_op_and_an_unknown_version_refuses_naming_both() {
+    let url = pg::fresh_database("versions");
+    let err = PgStore::open(&url).expect_err("no schema yet");
+    assert!(matches!(err, StoreError::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("tether store migrate"), "{err}");
+    assert_eq!(
+        PgStore::migrate(&url).expect("create"),
+        (0, PG_SCHEMA_VERSION)
+    );
+    assert_eq!(
+        PgStore::migrate(&url).expect("again"),
+        (PG_SCHEMA_VERSION, PG_SCHEMA_VERSION)
+    );
+    drop(PgStore::open(&url).expect("open"));
+    pg::psql_on(
+        &url,
+        "INSERT INTO schema_version(version, applied_ms) VALUES (99, 0)",
+    );
+    let err = PgStore::open(&url).expect_err("newer");
+    let text = err.to_string();
+    assert!(matches!(err, StoreError::Unsupported(_)), "{err}");
+    assert!(
+        text.contains("99") && text.contains(&format!("version {PG_SCHEMA_VERSION}")),
+        "{text}"
+    );
+    assert!(
+        PgStore::migrate(&url).is_err(),
+        "a newer schema is never downgraded"
+    );
+}
+
+#[test]
+fn a_cut_or_tampered_chain_refuses_to_open_and_fails_verify() {
+    let url = pg::migrated_database("cut");
+    {
+        let s = PgStore::open(&url).expect("open");
+        for i in 0..3 {
+            s.commit_blocking(command(&format!("c{i}")))
+                .expect("commit");
+        }
+    }
+    pg::psql_on(
+        &url,
+        "DELETE FROM receipts WHERE seq = 6; DELETE FROM events WHERE seq = 6",
+    );
+    let err = PgStore::open(&url).expect_err("cut tail");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("removed from the end"), "{err}");
+    let v = verify_url(&url).expect("verify runs");
+    assert!(!v.ok, "{v:?}");
+    assert!(v
+        .first_broken
+        .expect("broken")
+        .reason
+        .contains("removed from the end"),);
+
+    let url = pg::migrated_database("tamper");
+    {
+        let s = PgStore::open(&url).expect("open");
+        s.commit_blocking(command("t")).expect("commit");
+        s.commit_blocking(command("u")).expect("commit");
+    }
+    pg::psql_on(
+        &url,
+        "UPDATE events SET line = replace(line, '\"t\"', '\"z\"') WHERE seq = 1",
+    );
+    let v = verify_url(&url).expect("verify runs");
+    let b = v.first_broken.expect("broken");
+    assert_eq!((b.seq, b.reason.as_str()), (Some(1), "hash mismatch"));
+}
+
+#[test]
+fn a_password_in_the_url_is_refused_and_a_dead_server_fails_closed() {
+    let err = PgStore::open("postgres://tether:secret@127.0.0.1:1/x").expect_err("password");
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("PGPASSWORD"), "{err}");
+    // Nothing listens on port 1: a clear, retryable refusal, not a hang.
+    let err = PgStore::open("postgres://tether@127.0.0.1:1/x").expect_err("no server");
+    assert!(err.is_retryable(), "{err}");
+}
+
+#[test]
+fn a_lost_connection_fails_the_batch_closed_and_the_store_recovers() {
+    let url = pg::migrated_database("lost_link");
+    let s = PgStore::open(&url).expect("open");
+    s.commit_blocking(command("before")).expect("before");
+    // Kill every session of this database but psql's own (the store's
+    // writer and reader): what a restarted server or a cut link does.
+    let db = url.rsplit('/').next().expect("db name").to_owned();
+    pg::psql_on(
+        &url,
+        &format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = '{db}' AND pid <> pg_backend_pid()"
+        ),
+    );
+    // The next call may fail (the link is found dead) or succeed after a
+    // reconnect; it must never report a success that did not happen.
+    let mut stored = false;
+    for attempt in 0..3 {
+        match s.commit_blocking(command("after")) {
+            Ok(_) => {
+                stored = true;
+                break;
+            }
+            Err(e) => assert!(
+                e.is_retryable() || matches!(e, StoreError::Conflict(_)),
+                "{attempt}: {e}"
+            ),
+        }
+    }
+    assert!(stored, "the store reconnects");
+    assert!(s.receipt("after").expect("read").is_some());
+    let v = verify_url(&url).expect("verify");
+    assert!(v.ok && v.entries == 4, "{v:?}");
+}
