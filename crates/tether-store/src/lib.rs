@@ -39,9 +39,12 @@
 
 pub use tether_core::canonical;
 pub mod chain;
+pub mod checkpoint;
 pub mod faulty;
 mod memory;
 mod prepare;
+mod signed;
+pub mod slice;
 mod sqlite;
 pub mod verify;
 mod writer;
