@@ -18,6 +18,8 @@ mod config;
 mod describe;
 mod edge;
 mod endpoint;
+mod evidence;
+mod keys;
 mod rpc;
 mod safety;
 mod serve;
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
             | Command::Codes
             | Command::Token { .. }
             | Command::Audit { .. }
+            | Command::Keys { .. }
     ) {
         die_quietly_on_closed_pipe();
     }
@@ -108,6 +111,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             timeout_ms,
         } => describe::probe(&device, &config, timeout_ms),
         Command::Audit { action } => audit::audit(action),
+        Command::Keys { action } => keys::keys(action),
         Command::Estop {
             device,
             state_dir,
