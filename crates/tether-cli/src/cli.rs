@@ -126,6 +126,12 @@ pub enum Command {
         #[command(subcommand)]
         action: StoreAction,
     },
+    /// The evidence signing key (ed25519) of a state directory: with one,
+    /// endpoints sign checkpoints of the chain.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
     /// Trip the governed stop from a shell: every endpoint on the state
     /// directory latches (one device, or all). Works with no endpoint running.
     Estop {
@@ -279,6 +285,35 @@ pub enum SimAction {
 }
 
 #[derive(Subcommand)]
+pub enum KeysAction {
+    /// Create the signing key (mode 0600) and print its public key and key id.
+    Init {
+        /// State directory (where the store is).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Replace an existing key (as `tether keys rotate`).
+        #[arg(long)]
+        rotate: bool,
+    },
+    /// Replace the signing key with a new one; the old public key stays in
+    /// the public-keys file, so older checkpoints still verify.
+    Rotate {
+        /// State directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Print the public key and key id again.
+    Show {
+        /// State directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Print every public key the directory had (its public-keys file).
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum AuditAction {
     /// Write the chain as JSON Lines to standard output.
     Export {
@@ -288,8 +323,13 @@ pub enum AuditAction {
         /// A PostgreSQL store (instead of a state directory).
         #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
         store: Option<String>,
+        /// Only a slice: from the signed checkpoint at or before SEQ to the
+        /// head; it verifies on its own with the public key.
+        #[arg(long, value_name = "SEQ")]
+        since: Option<u64>,
     },
-    /// Verify a chain; exit 1 naming the first broken entry.
+    /// Verify a chain (and, with public keys, every checkpoint signature);
+    /// exit 1 naming the first broken entry.
     Verify {
         /// State directory to verify.
         #[arg(long, conflicts_with = "file")]
@@ -297,9 +337,29 @@ pub enum AuditAction {
         /// A PostgreSQL store to verify (instead of a state directory).
         #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
         store: Option<String>,
-        /// Exported JSON Lines file to verify.
+        /// Exported JSON Lines file to verify (`-`: standard input).
         #[arg(long)]
         file: Option<PathBuf>,
+        /// A public key (`ed25519:<hex>`, as `tether keys show` prints) to
+        /// check checkpoints with; repeat for retired keys.
+        #[arg(long, value_name = "KEY")]
+        pubkey: Vec<String>,
+        /// A public-keys file (one key a line, as `tether keys show --all`).
+        #[arg(long, value_name = "FILE")]
+        pubkey_file: Vec<PathBuf>,
+        /// A checkpoint saved earlier (`tether audit checkpoint`): the chain
+        /// must still hold it, so it was not cut back before it.
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+        /// Fail when entries follow the last signed checkpoint.
+        #[arg(long)]
+        require_signed_tail: bool,
+    },
+    /// Print the newest signed checkpoint (the file beside the store).
+    Checkpoint {
+        /// State directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
 }
 

@@ -55,6 +55,9 @@ pub struct EndpointConfig {
     /// (a stdio `tether mcp` serves no console but knows where it is).
     #[serde(default)]
     pub console_url: Option<String>,
+    /// Signed checkpoints of the evidence chain (`[evidence]`, `evidence.rs`).
+    #[serde(default)]
+    pub evidence: crate::evidence::EvidenceConfig,
 }
 
 /// The `[http]` table: how the network listeners (`--http`, `--mcp-http`)
@@ -325,6 +328,12 @@ fn read_listed_files(
     let mut defects = Vec::new();
     if let Err(bad) = read_edge(path, &config.http) {
         defects.extend(bad);
+    }
+    for (field, message) in config.evidence.defects() {
+        defects.push(Defect {
+            field,
+            ..defect(path, message)
+        });
     }
     if let Some(ttl) = config.approval_ttl_s {
         if !(1..=APPROVAL_TTL_S_MAX).contains(&ttl) {

@@ -1,7 +1,8 @@
 //! Starting an endpoint, shared by `tether serve` and `tether mcp`: logging,
 //! the config read and checked (defects printed, exit 2), the evidence store,
 //! the kernel with its governed-stop watcher, session reaper and link
-//! monitor, and the stdio caller's principal.
+//! monitor, the checkpointer (with a signing key), and the stdio caller's
+//! principal.
 
 use crate::check::print_defects;
 use crate::config;
@@ -32,6 +33,8 @@ pub struct Endpoint {
     _reaper: tokio::task::JoinHandle<()>,
     _link_monitor: Option<tokio::task::JoinHandle<()>>,
     _opener: tether_kernel::StoreOpener,
+    /// Signs checkpoints of the chain when the state directory has a key.
+    pub checkpointer: Option<tether_kernel::checkpoints::Checkpointer>,
     pub runtime: tokio::runtime::Runtime,
 }
 
@@ -156,6 +159,9 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
     // A physical device whose link stays down past its watchdog period is
     // latched; link changes are recorded (none to watch: `None`).
     let link_monitor = kernel.start_link_monitor(runtime.handle());
+    // Checkpoints of the chain head, signed off the command path.
+    let checkpointer =
+        crate::evidence::start(&kernel, runtime.handle(), &dir, &loaded.config.evidence)?;
     Ok(Endpoint {
         kernel,
         auth,
@@ -167,6 +173,7 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         _reaper: reaper,
         _link_monitor: link_monitor,
         _opener: started.opener,
+        checkpointer,
         runtime,
     })
 }

@@ -18,6 +18,8 @@ mod config;
 mod describe;
 mod edge;
 mod endpoint;
+mod evidence;
+mod keys;
 mod rpc;
 mod safety;
 mod serve;
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
             | Command::Codes
             | Command::Token { .. }
             | Command::Audit { .. }
+            | Command::Keys { .. }
     ) {
         die_quietly_on_closed_pipe();
     }
@@ -112,6 +115,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         } => describe::probe(&device, &config, timeout_ms),
         Command::Audit { action } => audit::audit(action),
         Command::Store { action } => store::store(action),
+        Command::Keys { action } => keys::keys(action),
         Command::Estop {
             device,
             state_dir,

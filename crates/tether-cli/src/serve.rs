@@ -120,6 +120,7 @@ pub fn serve(
         device_count,
         runtime,
         mcp_sessions,
+        checkpointer,
         ..
     } = &endpoint;
     runtime.block_on(async {
@@ -136,9 +137,10 @@ pub fn serve(
                 tokio::io::stdout(),
             )
             .await?;
+            crate::evidence::finish(checkpointer.as_ref()).await;
             return Ok(ExitCode::SUCCESS);
         }
-        serve_network(
+        let code = serve_network(
             kernel,
             auth,
             (&names, &settings),
@@ -146,7 +148,10 @@ pub fn serve(
             (*device_count, *mcp_sessions),
             dir,
         )
-        .await
+        .await?;
+        // Last, once every operation recorded how it ended: the chain ends signed.
+        crate::evidence::finish(checkpointer.as_ref()).await;
+        Ok(code)
     })
 }
 
@@ -321,9 +326,17 @@ pub fn mcp(
     );
     eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
     let kernel = endpoint.kernel.clone();
+    let checkpointer = endpoint.checkpointer.as_ref();
     endpoint.runtime.block_on(async move {
-        tether_server::mcp::stdio::serve(kernel, principal, tokio::io::stdin(), tokio::io::stdout())
-            .await
+        tether_server::mcp::stdio::serve(
+            kernel,
+            principal,
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+        )
+        .await?;
+        crate::evidence::finish(checkpointer).await;
+        anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }

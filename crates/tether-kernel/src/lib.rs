@@ -20,6 +20,7 @@
 //! | reference | `reference/` | `mhs.hello`, devices, the generated reference file |
 //! | loading | `loader/` | manifests and overlay → the cell |
 //! | the object | `kernel/` | `Kernel`, its state, start-up, the door to the store |
+//! | signed checkpoints | [`checkpoints`] | the chain head signed in the background, never on a command's path |
 //!
 //! **Architecture invariant:** [`Authorized`] has no public constructor; the
 //! compile-fail tests in `tether-drivers/tests/ui` pin that, and
@@ -39,6 +40,7 @@ mod admit;
 mod approvals;
 pub mod bounds;
 mod check;
+pub mod checkpoints;
 mod clock;
 mod dispatch;
 pub mod driver;

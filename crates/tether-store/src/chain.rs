@@ -88,6 +88,10 @@ pub(crate) struct EntryLink {
     pub seq: u64,
     pub hash: String,
     pub prev_hash: String,
+    /// The body, for a checkpoint entry (kind
+    /// [`crate::checkpoint::CHECKPOINT_KIND`]) only: what a verifier with
+    /// public keys checks.
+    pub checkpoint: Option<Value>,
 }
 
 /// Why an entry's text is broken, and its `seq` when that could be read.
@@ -135,8 +139,15 @@ pub(crate) fn check_entry_text(line: &[u8]) -> Result<EntryLink, EntryError> {
         return Err(EntryError::new("entry is not a JSON object", seq));
     };
     without_hash.remove("hash");
-    if sha256_hex(canonical::to_canonical_string(&Value::Object(without_hash))) != link.hash {
+    let stripped = Value::Object(without_hash);
+    if sha256_hex(canonical::to_canonical_string(&stripped)) != link.hash {
         return Err(EntryError::new("hash mismatch", seq));
+    }
+    let mut link = link;
+    if let Value::Object(mut m) = stripped {
+        if map_kind_is_checkpoint(&m) {
+            link.checkpoint = m.remove("body");
+        }
     }
     Ok(link)
 }
@@ -170,7 +181,12 @@ fn check_members(map: &Map<String, Value>) -> Result<EntryLink, String> {
         seq,
         hash,
         prev_hash,
+        checkpoint: None,
     })
+}
+
+fn map_kind_is_checkpoint(map: &Map<String, Value>) -> bool {
+    map.get("kind").and_then(Value::as_str) == Some(crate::checkpoint::CHECKPOINT_KIND)
 }
 
 fn hex_member(map: &Map<String, Value>, name: &str) -> Result<String, String> {

@@ -44,10 +44,13 @@
 pub use tether_core::canonical;
 pub mod chain;
 pub mod deferred;
+pub mod checkpoint;
 pub mod faulty;
 mod memory;
 pub mod postgres;
 mod prepare;
+mod signed;
+pub mod slice;
 mod sqlite;
 pub mod verify;
 mod writer;

@@ -8,6 +8,8 @@
 //! first entry failing any of these is reported and checking stops there.
 
 use crate::chain::{check_entry_text, GENESIS_PREV_HASH, MAX_ENTRY_BYTES};
+use crate::signed::Signed;
+pub use crate::signed::{SigningReport, VerifyOptions};
 use crate::sqlite::{recorded_head, DB_FILE_NAME, PAGE_ROWS};
 use crate::StoreError;
 use rusqlite::{params, Connection, OpenFlags};
@@ -28,6 +30,17 @@ pub(crate) fn write_export_seal(
     entries: u64,
     head_hash: &str,
 ) -> std::io::Result<()> {
+    write_export_seal_at(out, entries + 1, entries, head_hash)
+}
+
+/// [`write_export_seal`] for a slice: the seal takes seq `seq` (one past the
+/// slice's last entry) and counts the slice's `entries`.
+pub(crate) fn write_export_seal_at(
+    out: &mut dyn std::io::Write,
+    seq: u64,
+    entries: u64,
+    head_hash: &str,
+) -> std::io::Result<()> {
     let body = tether_core::canonical::to_canonical_string(&serde_json::json!({
         "entries": entries,
         "note": "closes an export of the evidence chain; not an entry of the store",
@@ -37,7 +50,7 @@ pub(crate) fn write_export_seal(
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0);
     let sealed = crate::chain::seal(
-        entries + 1,
+        seq,
         ts_ms,
         &crate::chain::kind_json(EXPORT_SEAL_KIND),
         &body,
@@ -87,8 +100,12 @@ impl std::fmt::Display for Broken {
 pub struct ChainVerifier {
     line: u64,
     entries: u64,
+    /// The seq the next entry must carry (`None` before the first entry of
+    /// a verifier that accepts a slice).
+    next_seq: Option<u64>,
     prev_hash: String,
     broken: Option<Broken>,
+    signed: Signed,
 }
 
 impl Default for ChainVerifier {
@@ -98,13 +115,31 @@ impl Default for ChainVerifier {
 }
 
 impl ChainVerifier {
-    /// A verifier expecting the chain to start at seq 1.
+    /// A verifier expecting the chain to start at seq 1, checking no
+    /// signature (checkpoints are counted).
     pub fn new() -> Self {
+        Self::with_signed(Signed::plain())
+    }
+
+    /// A verifier with `opts`: with public keys it checks every checkpoint
+    /// and accepts a slice (a chain starting after seq 1) whose start a
+    /// checkpoint in it proves.
+    ///
+    /// # Errors
+    /// A saved checkpoint whose own signature does not verify, or one given
+    /// without public keys.
+    pub fn with_options(opts: &VerifyOptions) -> Result<Self, String> {
+        Ok(Self::with_signed(Signed::new(opts)?))
+    }
+
+    fn with_signed(signed: Signed) -> Self {
         ChainVerifier {
             line: 0,
             entries: 0,
+            next_seq: (!signed.accepts_slices()).then_some(1),
             prev_hash: GENESIS_PREV_HASH.to_string(),
             broken: None,
+            signed,
         }
     }
 
@@ -127,10 +162,21 @@ impl ChainVerifier {
             return false;
         }
         self.line += 1;
-        let expected = self.entries + 1;
         let link = match check_entry_text(line) {
             Ok(link) => link,
             Err(e) => return self.fail(e.seq, e.reason),
+        };
+        // A slice's first entry sets where it starts; `Signed::finish`
+        // refuses it unless a signed checkpoint in it proves that start.
+        let expected = match self.next_seq {
+            Some(n) => n,
+            None => {
+                // Seq 1 still needs the genesis `prev_hash`.
+                if link.seq > 1 {
+                    self.prev_hash.clone_from(&link.prev_hash);
+                }
+                link.seq
+            }
         };
         if link.seq != expected {
             return self.fail(
@@ -158,9 +204,28 @@ impl ChainVerifier {
                 );
             }
         }
-        self.entries = expected;
+        if let Err(reason) = self.signed.on_entry(&link) {
+            return self.fail(Some(link.seq), reason);
+        }
+        self.entries += 1;
+        self.next_seq = Some(expected + 1);
         self.prev_hash = link.hash;
         true
+    }
+
+    /// Ends the check: the signature side's verdict, given the seq of the
+    /// chain's last entry (an export's seal not counted).
+    fn finish_signed(&mut self, last_seq: u64) -> SigningReport {
+        let (report, verdict) = self.signed.finish(last_seq);
+        if let Err(reason) = verdict {
+            self.fail_next(reason);
+        }
+        report
+    }
+
+    /// Seq of the last intact entry (0 when none).
+    fn last_seq(&self) -> u64 {
+        self.next_seq.map_or(0, |n| n - 1)
     }
 
     fn fail(&mut self, seq: Option<u64>, reason: String) -> bool {
@@ -202,8 +267,27 @@ impl ChainVerifier {
 /// it, so a file shortened at its end (or empty) is broken; the report counts
 /// the entries, not the seal.
 pub fn verify_jsonl(r: impl BufRead) -> VerifyReport {
+    run_jsonl(r, ChainVerifier::new()).0
+}
+
+/// [`verify_jsonl`] with public keys, a saved checkpoint or the demand of a
+/// signed tail ([`VerifyOptions`]); with keys, a slice of a chain (`tether
+/// audit export --since`) verifies when a signed checkpoint in it proves its
+/// start.
+///
+/// # Errors
+/// The options themselves are unusable (a saved checkpoint whose signature
+/// does not verify, or one given without keys).
+pub fn verify_jsonl_with(
+    r: impl BufRead,
+    opts: &VerifyOptions,
+) -> Result<(VerifyReport, SigningReport), String> {
+    Ok(run_jsonl(r, ChainVerifier::with_options(opts)?))
+}
+
+fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport) {
     let mut r = r;
-    let mut v = ChainVerifier::new();
+    let mut v = v;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut pending_seal: Option<u64> = None;
     // Each pass consumes at least one byte or ends the loop, and a line is
@@ -239,28 +323,30 @@ pub fn verify_jsonl(r: impl BufRead) -> VerifyReport {
         }
         pending_seal = seal_entries(&buf);
     }
-    let mut report = v.report();
+    let report = v.report();
     if !report.ok {
-        return report;
+        return (report, SigningReport::default());
     }
     match pending_seal {
         Some(n) if n + 1 == report.entries => {
-            report.entries = n;
-            report
+            let signing = v.finish_signed(v.last_seq() - 1);
+            let mut report = v.report();
+            report.entries = report.entries.min(n);
+            (report, signing)
         }
         Some(n) => {
             v.fail_next(format!(
                 "the export's seal counts {n} entries, the file holds {}",
                 report.entries.saturating_sub(1)
             ));
-            v.report()
+            (v.report(), SigningReport::default())
         }
         None => {
             v.fail_next(format!(
-                "the export's closing seal is missing after entry {}: entries were cut from its end, or this is not a whole export",
-                report.entries
+                "the export's closing seal is missing after seq {}: entries were cut from its end, or this is not a whole export",
+                v.last_seq()
             ));
-            v.report()
+            (v.report(), SigningReport::default())
         }
     }
 }
@@ -285,6 +371,26 @@ fn seal_entries(line: &[u8]) -> Option<u64> {
 /// entry text is the source of truth; its `seq` and `hash` columns must agree
 /// with it. Opens the database read-only and never creates it.
 pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
+    Ok(run_store(dir, ChainVerifier::new())?.0)
+}
+
+/// [`verify_store`] with [`VerifyOptions`] (as [`verify_jsonl_with`]).
+///
+/// # Errors
+/// The store cannot be read ([`StoreError`]), or the options are unusable
+/// ([`StoreError::Invalid`]).
+pub fn verify_store_with(
+    dir: &Path,
+    opts: &VerifyOptions,
+) -> Result<(VerifyReport, SigningReport), StoreError> {
+    let v = ChainVerifier::with_options(opts).map_err(StoreError::Invalid)?;
+    run_store(dir, v)
+}
+
+fn run_store(
+    dir: &Path,
+    mut v: ChainVerifier,
+) -> Result<(VerifyReport, SigningReport), StoreError> {
     let path = dir.join(DB_FILE_NAME);
     if !path.is_file() {
         return Err(StoreError::Io(format!(
@@ -317,7 +423,6 @@ pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
     let recorded = recorded_head(&conn)?;
     let indexed = highest_indexed_seq(&conn)?;
     conn.execute_batch("COMMIT")?;
-    let mut v = ChainVerifier::new();
     let mut st = conn.prepare(
         "SELECT seq, hash, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
     )?;
@@ -348,7 +453,11 @@ pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
     if v.report().ok {
         check_nothing_cut_from_the_end(&mut v, recorded, indexed);
     }
-    Ok(v.report())
+    if !v.report().ok {
+        return Ok((v.report(), SigningReport::default()));
+    }
+    let signing = v.finish_signed(v.last_seq());
+    Ok((v.report(), signing))
 }
 
 /// A hash chain cannot show entries cut from its end; the head the store
@@ -358,7 +467,7 @@ pub(crate) fn check_nothing_cut_from_the_end(
     recorded: Option<(u64, String)>,
     indexed: Option<(u64, &'static str)>,
 ) {
-    let last = v.report().entries;
+    let last = v.last_seq();
     if let Some((seq, hash)) = recorded {
         if seq > last {
             return v.fail_next(format!(
