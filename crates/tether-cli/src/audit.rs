@@ -103,7 +103,10 @@ fn verify(
 ) -> anyhow::Result<ExitCode> {
     if file.is_none() {
         if let Some(url) = choice.url(None) {
-            return verify_postgres(&url, keys.is_some() || checkpoint.is_some() || require_signed_tail);
+            return verify_postgres(
+                &url,
+                keys.is_some() || checkpoint.is_some() || require_signed_tail,
+            );
         }
     }
     let store_dir = file

@@ -97,9 +97,10 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
     // Simulated devices keep their files in the state directory whichever
     // store holds the evidence.
     let url = choice.url(Some(&loaded));
-    let store_shown = url
-        .as_ref()
-        .map_or_else(|| format!("state {}", dir.display()), |u| format!("store {u}"));
+    let store_shown = url.as_ref().map_or_else(
+        || format!("state {}", dir.display()),
+        |u| format!("store {u}"),
+    );
     let endpoint_id = loaded
         .config
         .endpoint_id
@@ -137,7 +138,8 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         }
         Err(e @ tether_kernel::StartError::Store(_)) => {
             // An integrity defect: waiting heals none, so nothing starts.
-            return Err(anyhow::Error::new(e).context(format!("opening the evidence store ({store_shown})")));
+            return Err(anyhow::Error::new(e)
+                .context(format!("opening the evidence store ({store_shown})")));
         }
         Err(e) => return Err(anyhow::Error::new(e).context("starting the kernel")),
     };

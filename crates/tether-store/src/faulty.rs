@@ -93,6 +93,10 @@ impl Store for FaultyStore {
         self.read_check()?;
         self.inner.budget_rows_since(ts_ms)
     }
+    fn budget_used(&self, key: &str, from_ms: Option<u64>) -> Result<f64, StoreError> {
+        self.read_check()?;
+        self.inner.budget_used(key, from_ms)
+    }
     fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {
         self.read_check()?;
         self.inner.chain_head()

@@ -36,15 +36,18 @@
 //! rows are all stored or none are. Commits are applied in submission order.
 //! Events are appended to the chain with contiguous `seq` numbers in the order
 //! given. A commit whose receipt `command_id` (or budget `reservation_id`) is
-//! already stored fails alone with [`StoreError::Conflict`]; the rest of its
-//! batch is unaffected. If the batch's transaction fails, every commit in it
+//! already stored fails alone with [`StoreError::Conflict`], and one whose
+//! budget draw does not fit in the cap it carries fails alone with
+//! [`StoreError::BudgetExceeded`] (the check and the draw are one step of the
+//! writer's transaction, see [`BudgetCap`]); the rest of its batch is
+//! unaffected. If the batch's transaction fails, every commit in it
 //! fails and nothing of the batch is stored.
 #![deny(missing_docs)]
 
 pub use tether_core::canonical;
 pub mod chain;
-pub mod deferred;
 pub mod checkpoint;
+pub mod deferred;
 pub mod faulty;
 mod memory;
 pub mod postgres;
@@ -207,6 +210,100 @@ pub struct BudgetRow {
     pub ts_ms: u64,
     /// Whether the reservation was released (given back).
     pub released: bool,
+    /// The budget this draw must fit in, checked by the store in the
+    /// transaction that stores it (see [`BudgetCap`]); `None` records the
+    /// draw unconditionally (a copy of a journal). Not stored: rows read
+    /// back carry `None`.
+    pub cap: Option<BudgetCap>,
+}
+
+/// The cap of a budget, carried by each draw so the store itself makes the
+/// check and the draw one step: every process on a store draws from one
+/// ledger, and two processes drawing at once can never exceed it together.
+///
+/// **Contract of every backend.** Inside the writer transaction that would
+/// store a draw `d` with `cap: Some(c)`, before anything of its commit is
+/// written, the backend sums the amounts of the stored draws with the same
+/// `key` that are not released and that the window still counts
+/// (`ts_ms >= c.counts_from_ms(d.ts_ms)`, every draw when that is `None`) —
+/// including draws of earlier commits of the same batch and earlier draws of
+/// the same commit — and hands that sum to [`BudgetCap::check`]. A refusal
+/// fails that commit alone with [`StoreError::BudgetExceeded`]: nothing of it
+/// is stored, the rest of the batch is unaffected. The transaction must hold
+/// the store's write lock across the sum and the insert (SQLite's
+/// `BEGIN IMMEDIATE`; on a database with concurrent writers, a lock on the
+/// key such as `pg_advisory_xact_lock(hashtext(key))`), so no other
+/// writer's draw lands in between.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetCap {
+    /// Most the key's counted draws may sum to, this draw included; finite
+    /// and not negative.
+    pub limit: f64,
+    /// How long a draw counts, ms; `None`: for as long as the key lives (a
+    /// `session` window).
+    pub window_ms: Option<u64>,
+}
+
+impl BudgetCap {
+    /// The earliest `ts_ms` a draw made at `ts_ms` still counts beside it
+    /// (inclusive); `None`: every draw of the key counts. A rolling window
+    /// counts draws newer than `ts_ms - window_ms`, and every draw before the
+    /// first window has elapsed.
+    pub fn counts_from_ms(&self, ts_ms: u64) -> Option<u64> {
+        self.window_ms
+            .and_then(|w| ts_ms.checked_sub(w))
+            .map(|cutoff| cutoff.saturating_add(1))
+    }
+
+    /// Whether `draw` fits beside `used` (the counted sum of the other
+    /// draws): `Err(StoreError::BudgetExceeded)` when it does not. The same
+    /// arithmetic as the kernel's own ledger (`limit - used - amount < 0`
+    /// refuses), so both sides agree on the edge.
+    ///
+    /// # Errors
+    /// [`StoreError::BudgetExceeded`].
+    pub fn check(&self, draw: &BudgetRow, used: f64) -> Result<(), StoreError> {
+        if self.limit - used - draw.amount < 0.0 {
+            return Err(StoreError::BudgetExceeded(BudgetExceeded {
+                key: draw.key.clone(),
+                reservation_id: draw.reservation_id.clone(),
+                used,
+                limit: self.limit,
+                amount: draw.amount,
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// A draw the store refused: its budget's counted draws plus its amount
+/// exceed the cap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetExceeded {
+    /// The budget key.
+    pub key: String,
+    /// The refused reservation.
+    pub reservation_id: String,
+    /// What the key's counted draws already sum to, in the store.
+    pub used: f64,
+    /// The cap.
+    pub limit: f64,
+    /// The refused amount.
+    pub amount: f64,
+}
+
+// Amounts and caps are finite (`prepare` refuses others) and sums of
+// non-negative finite numbers are never NaN, so equality is reflexive.
+impl Eq for BudgetExceeded {}
+
+impl std::fmt::Display for BudgetExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "budget {} exceeded: {} drawn + {} requested > {} (reservation {})",
+            self.key, self.used, self.amount, self.limit, self.reservation_id
+        )
+    }
 }
 
 /// Everything one decision step wants stored atomically.
@@ -347,6 +444,10 @@ pub enum StoreError {
     /// of its `command_id`) to learn what happened.
     #[error("store commit outcome unknown: {0}")]
     Indeterminate(String),
+    /// A budget draw of the commit does not fit in its cap (see
+    /// [`BudgetCap`]); nothing of the commit was stored.
+    #[error("store refused a budget draw: {0}")]
+    BudgetExceeded(BudgetExceeded),
 }
 
 impl StoreError {
@@ -438,6 +539,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Budget rows with `ts_ms >= ts_ms`, oldest first.
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError>;
+
+    /// What the stored draws of budget `key` that are not released and have
+    /// `ts_ms >= from_ms` (every one when `None`) sum to: the amount a
+    /// [`BudgetCap`] counts, as every process on the store has drawn it.
+    /// Outside a write transaction, so only an estimate for a pre-check; the
+    /// check that binds is the writer's (see [`BudgetCap`]). The provided
+    /// version scans [`Store::budget_rows_since`]; a backend with an index on
+    /// `(key, ts_ms)` answers it with one query.
+    fn budget_used(&self, key: &str, from_ms: Option<u64>) -> Result<f64, StoreError> {
+        Ok(self
+            .budget_rows_since(from_ms.unwrap_or(0))?
+            .iter()
+            .filter(|r| r.key == key && !r.released)
+            .map(|r| r.amount)
+            .sum())
+    }
 
     /// `(seq, hash)` of the last chain entry, `None` for an empty chain.
     fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError>;

@@ -143,7 +143,7 @@ impl State {
     /// Why `c` collides with what is stored (checked before anything of it
     /// is applied, in the order SQLite checks): a receipt already stored, an
     /// operation that already ran or is running, a budget reservation
-    /// already stored.
+    /// already stored, a capped draw that does not fit.
     fn conflict(&self, c: &Prepared) -> Option<StoreError> {
         if let Some(r) = c
             .receipts
@@ -173,6 +173,27 @@ impl State {
                 "budget reservation {:?} is already stored",
                 b.reservation_id
             )));
+        }
+        self.over_cap(&c.budget_draws)
+    }
+
+    /// The refusal of the first capped draw that does not fit, counted as
+    /// SQLite counts it (see [`crate::BudgetCap`]): the key's unreleased
+    /// draws the window counts, stored or earlier in this commit.
+    fn over_cap(&self, draws: &[BudgetRow]) -> Option<StoreError> {
+        for (i, d) in draws.iter().enumerate() {
+            let Some(cap) = &d.cap else { continue };
+            let from_ms = cap.counts_from_ms(d.ts_ms).unwrap_or(0);
+            let used: f64 = self
+                .budget
+                .iter()
+                .chain(&draws[..i])
+                .filter(|e| e.key == d.key && e.ts_ms >= from_ms && !e.released)
+                .map(|e| e.amount)
+                .sum();
+            if let Err(e) = cap.check(d, used) {
+                return Some(e);
+            }
         }
         None
     }
@@ -254,7 +275,11 @@ impl State {
         for b in draws {
             let at = self.budget.len();
             self.budget_index.insert(b.reservation_id.clone(), at);
-            self.budget.push(b.clone());
+            // The cap is checked, not stored, as SQLite does.
+            self.budget.push(BudgetRow {
+                cap: None,
+                ..b.clone()
+            });
         }
     }
 

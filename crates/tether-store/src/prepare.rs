@@ -361,8 +361,8 @@ fn check_receipts(receipts: &[ReceiptRef], events: &[crate::EventDraft]) -> Resu
     Ok(())
 }
 
-/// Budget draws name a reservation, once per commit, with a finite amount
-/// and a storable time.
+/// Budget draws name a reservation, once per commit, with a finite amount,
+/// a storable time and, when capped, a finite cap.
 fn check_budget_draws(draws: &[BudgetRow]) -> Result<(), StoreError> {
     let mut seen: HashSet<&str> = HashSet::with_capacity(draws.len());
     for b in draws {
@@ -376,6 +376,16 @@ fn check_budget_draws(draws: &[BudgetRow]) -> Result<(), StoreError> {
             )));
         }
         fits_i64(b.ts_ms, "budget ts_ms")?;
+        if let Some(cap) = &b.cap {
+            // A cap the store could not compare against refuses the draw
+            // rather than letting it through unchecked.
+            if !cap.limit.is_finite() || cap.limit < 0.0 {
+                return Err(invalid(format!(
+                    "budget reservation {:?} has a cap that is not a finite, non-negative number",
+                    b.reservation_id
+                )));
+            }
+        }
         if !seen.insert(&b.reservation_id) {
             return Err(StoreError::Conflict(format!(
                 "two budget draws with reservation_id {:?} in one commit",

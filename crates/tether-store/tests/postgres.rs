@@ -237,3 +237,70 @@ fn a_lost_connection_fails_the_batch_closed_and_the_store_recovers() {
     let v = verify_url(&url).expect("verify");
     assert!(v.ok && v.entries == 4, "{v:?}");
 }
+
+/// A fleet budget: two endpoints (two stores on one database) drawing at
+/// once from many threads. Exactly as many draws as fit are stored, never
+/// more; every other one is refused with the budget's figures, and the
+/// database's rows sum to at most the cap.
+#[test]
+fn two_endpoints_drawing_from_one_capped_budget_never_exceed_it() {
+    use tether_store::{BudgetCap, BudgetRow};
+    let url = pg::migrated_database("fleet_budget");
+    let a = Arc::new(PgStore::open(&url).expect("a"));
+    let b = Arc::new(PgStore::open(&url).expect("b"));
+    const KEY: &str = "pump-1/cap.fluid.dispense.v1/volume_ml/rolling_1h";
+    let cap = BudgetCap {
+        limit: 150.0,
+        window_ms: Some(3_600_000),
+    };
+    let t0 = 10 * 3_600_000;
+    let results: Vec<Result<tether_store::CommitAck, StoreError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let s = if t % 2 == 0 { &a } else { &b };
+                scope.spawn(move || {
+                    (0..25)
+                        .map(|i| {
+                            let id = format!("d{t}-{i}");
+                            s.commit_blocking(Commit {
+                                events: vec![EventDraft {
+                                    kind: "command.admitted".into(),
+                                    body: json!({"command_id": id}).into(),
+                                }],
+                                budget_draws: vec![BudgetRow {
+                                    key: KEY.into(),
+                                    reservation_id: format!("{id}#0"),
+                                    amount: 3.0,
+                                    ts_ms: t0 + (t * 25 + i) as u64,
+                                    released: false,
+                                    cap: Some(cap),
+                                }],
+                                ..Commit::default()
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let stored = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(stored, 50, "150 / 3 draws fit");
+    for r in &results {
+        match r {
+            Ok(_) => {}
+            Err(StoreError::BudgetExceeded(x)) => {
+                assert_eq!((x.limit, x.amount), (150.0, 3.0));
+                assert!(x.used + x.amount > x.limit, "{x:?}");
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let sum = pg::psql_on(&url, "SELECT sum(amount) FROM budget");
+    assert_eq!(sum.parse::<f64>().expect("sum"), 150.0);
+    let v = verify_url(&url).expect("verify");
+    assert!(v.ok && v.entries == 50, "{v:?}");
+}

@@ -62,6 +62,7 @@ fn budget(id: &str, ts_ms: u64) -> BudgetRow {
         amount: 2.5,
         ts_ms,
         released: false,
+        cap: None,
     }
 }
 
@@ -860,8 +861,18 @@ fn version_5_approvals_are_found_by_position_after_the_migration() {
     assert!(pos > 0);
 }
 
+/// The version 6 layout: no `(key, ts_ms)` index on the budget journal.
+fn downgrade_to_v6(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "DROP INDEX budget_key_ts;
+         DELETE FROM schema_version WHERE version = 7;",
+    )
+    .expect("v6 layout");
+}
+
 /// The version 5 `approvals` table (no `updated_seq`), rows kept.
 fn downgrade_approvals_to_v5(db: &rusqlite::Connection) {
+    downgrade_to_v6(db);
     db.execute_batch(
         "DROP INDEX approvals_updated;
          ALTER TABLE approvals DROP COLUMN updated_seq;
@@ -990,4 +1001,36 @@ fn a_version_3_receipt_unlike_its_entry_refuses_the_migration() {
         )
         .expect("v3 row kept");
     assert!(kept.contains("failed"));
+}
+
+#[test]
+fn a_version_6_store_gains_the_budget_key_index_and_keeps_its_draws() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = SqliteStore::open(dir.path()).expect("open");
+        s.commit_blocking(Commit {
+            budget_draws: vec![budget("r-old", 5)],
+            ..Commit::default()
+        })
+        .expect("draw");
+    }
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    downgrade_to_v6(&db);
+    drop(db);
+    let s = SqliteStore::open(dir.path()).expect("migrated");
+    assert_eq!(
+        s.budget_rows_since(0).expect("rows"),
+        vec![budget("r-old", 5)]
+    );
+    assert_eq!(s.budget_used("dev1/energy", None).expect("used"), 2.5);
+    drop(s);
+    let db = rusqlite::Connection::open(dir.path().join("tether.db")).expect("db");
+    let index: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'budget_key_ts'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("index");
+    assert_eq!(index, 1);
 }

@@ -130,6 +130,44 @@ impl Rider {
         self.inner.boarded.notify_one();
         Some(Boarded(tx))
     }
+
+    /// [`Rider::board`] keeping a copy of the rider's parts, for a commit
+    /// the store may refuse for a reason of its own (a budget draw over its
+    /// cap): the rider can then be put back to ride the next commit.
+    pub(crate) fn board_keeping(&self, commit: &mut Commit) -> Option<Kept> {
+        let (parts, tx) = self.lock().take()?;
+        let copy = parts.clone();
+        prepend(commit, parts);
+        self.inner.boarded.notify_one();
+        Some(Kept {
+            rider: self.clone(),
+            parts: copy,
+            boarded: Boarded(tx),
+        })
+    }
+}
+
+/// A rider boarded with [`Rider::board_keeping`].
+pub(crate) struct Kept {
+    rider: Rider,
+    parts: Commit,
+    boarded: Boarded,
+}
+
+impl Kept {
+    /// Tells the surface how the commit ended, as [`Boarded::land`].
+    pub(crate) fn land(self, outcome: &Result<CommitAck, StoreError>) {
+        self.boarded.land(outcome);
+    }
+
+    /// The commit stored nothing: the rider waits again for the next
+    /// commit of its command (or to be submitted alone).
+    pub(crate) fn put_back(self) {
+        let mut slot = self.rider.lock();
+        if slot.is_none() {
+            *slot = Some((self.parts, self.boarded.0));
+        }
+    }
 }
 
 /// `parts` in front of `commit`: events first (the commit's references to

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal};
-use tether_store::{Commit, EventDraft, OpenOp, StoreError};
+use tether_store::{BudgetRow, Commit, EventDraft, OpenOp, StoreError};
 
 impl Kernel {
     /// Makes the start durable when it must be, and answers where the
@@ -45,11 +45,19 @@ impl Kernel {
             return Ok(Admission::WithReceipt(b.risk.as_str()));
         }
         let commit = self.admission_commit(ctx, b, admitted, op_id, (tracked, before));
-        if let Err(e) = self.commit_for(ctx, commit).await {
+        if let Err(e) = self.commit_admission(ctx, commit).await {
             self.unregister_op(op_id);
             if matches!(e, StoreError::Conflict(_)) && tracked {
                 // Another process on this store ran or runs this id.
                 return Err(self.ran_elsewhere(ctx, &admitted.reservations).await);
+            }
+            if let StoreError::BudgetExceeded(exceeded) = &e {
+                // Another process on this store drew first: the store's
+                // ledger is the truth, and nothing of the admission is stored.
+                let refusal = self.store_budget_refusal(ctx, b, exceeded);
+                return Err(self
+                    .refuse_admitted(ctx, &admitted.reservations, refusal)
+                    .await);
             }
             let refusal = Refusal::new(
                 Code::EvidenceUnavailable,
@@ -68,9 +76,8 @@ impl Kernel {
             if let Err(r) = self.reread_governed_stop(ctx.device) {
                 self.unregister_op(op_id);
                 let answer = self.refuse_admitted(ctx, &admitted.reservations, r).await;
-                if tracked {
-                    self.close_open_op(&ctx.command_id).await;
-                }
+                let op = tracked.then_some(ctx.command_id.as_str());
+                self.undo_admission(op, &admitted.reservations).await;
                 return Err(answer);
             }
         }
@@ -166,17 +173,47 @@ impl Kernel {
         Ok(())
     }
 
-    /// Closes the open operation a refusal after a durable admission left
-    /// (nothing was dispatched; its rejected receipt is the outcome).
-    pub(crate) async fn close_open_op(&self, command_id: &str) {
-        let closed = Commit {
-            closed_ops: vec![command_id.to_owned()],
+    /// The admission commit, carrying the surface's rider. A commit with
+    /// budget draws may be refused by the store for them (another process
+    /// drew first); the rider then goes back to wait for the rejection's
+    /// commit instead of failing with it, since nothing was wrong with it.
+    async fn commit_admission(&self, ctx: &Ctx, mut commit: Commit) -> Result<(), StoreError> {
+        if commit.budget_draws.is_empty() {
+            return self.commit_for(ctx, commit).await.map(|_| ());
+        }
+        let kept = ctx
+            .rider
+            .as_ref()
+            .and_then(|r| r.board_keeping(&mut commit));
+        let durable = self.commit(commit).await;
+        if let Some(kept) = kept {
+            if matches!(durable, Err(StoreError::BudgetExceeded(_))) {
+                kept.put_back();
+            } else {
+                kept.land(&durable);
+            }
+        }
+        durable.map(|_| ())
+    }
+
+    /// Undoes what a durable admission stored, for a call refused after it
+    /// (nothing was dispatched; its rejected receipt is the outcome): the open
+    /// operation `command_id` closed, and the budget draws given back in the
+    /// store, so every process on it counts them no more.
+    pub(crate) async fn undo_admission(&self, command_id: Option<&str>, draws: &[BudgetRow]) {
+        if command_id.is_none() && draws.is_empty() {
+            return;
+        }
+        let undo = Commit {
+            closed_ops: command_id.map(str::to_owned).into_iter().collect(),
+            budget_releases: draws.iter().map(|d| d.reservation_id.clone()).collect(),
             ..Commit::default()
         };
-        if let Err(e) = self.commit(closed).await {
-            // Start-up closes it then (the receipt exists, so nothing is
-            // counted twice).
-            tracing::warn!(command_id, error = %e, "an open operation could not be closed");
+        if let Err(e) = self.commit(undo).await {
+            // Start-up closes the operation then (the receipt exists, so
+            // nothing is counted twice); a draw not given back keeps counting,
+            // which errs on the safe side.
+            tracing::warn!(command_id, error = %e, "a refused admission could not be undone in the store");
         }
     }
 

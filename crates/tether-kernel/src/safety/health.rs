@@ -54,10 +54,14 @@ pub(crate) struct StoreHealth {
     probe: tokio::sync::Mutex<Option<(Instant, Option<String>)>>,
 }
 
-/// Whether a commit's error says the store cannot take writes (a conflict or
-/// an invalid commit is that commit's own fault, not the store's).
+/// Whether a commit's error says the store cannot take writes (a conflict,
+/// an invalid commit or a budget draw over its cap is that commit's own
+/// fault, not the store's).
 fn store_level(e: &StoreError) -> bool {
-    !matches!(e, StoreError::Conflict(_) | StoreError::Invalid(_))
+    !matches!(
+        e,
+        StoreError::Conflict(_) | StoreError::Invalid(_) | StoreError::BudgetExceeded(_)
+    )
 }
 
 impl StoreHealth {

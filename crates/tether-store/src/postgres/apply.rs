@@ -13,7 +13,7 @@
 //! Never here: validation or serialisation of a commit (`prepare`), reads.
 
 use super::conn::PgConn;
-use super::head::{load_head, Head};
+use super::head::{col, load_head, Head};
 use crate::chain::seal;
 use crate::prepare::Prepared;
 use crate::writer::{Backend, Job};
@@ -185,13 +185,19 @@ impl PgBackend {
                 results.push(Err(e));
                 continue;
             }
+            if let Some(e) = self.over_cap(c, &plan)? {
+                results.push(Err(e));
+                continue;
+            }
             results.push(self.plan_commit(c, ts_ms, &mut known, &mut plan));
         }
         // A failure to plan (a number out of range) fails the batch.
-        if let Some(Err(e)) = results
-            .iter()
-            .find(|r| !matches!(r, Ok(_) | Err(StoreError::Conflict(_))))
-        {
+        if let Some(Err(e)) = results.iter().find(|r| {
+            !matches!(
+                r,
+                Ok(_) | Err(StoreError::Conflict(_) | StoreError::BudgetExceeded(_))
+            )
+        }) {
             return Err(e.clone());
         }
         write_plan(&mut self.pg, &plan)?;
@@ -231,6 +237,49 @@ impl PgBackend {
             "the database chain head (seq {seq}) is behind this writer's (seq {}): entries were removed",
             self.head.seq
         )))
+    }
+
+    /// The refusal of a commit's first capped draw that does not fit (see
+    /// [`crate::BudgetCap`]): the key's stored, unreleased draws in the
+    /// window plus those this batch already planned and this commit's
+    /// earlier ones. Every endpoint's batch holds the head row's lock
+    /// (`lock_head`) while it sums and writes, so endpoints on the store
+    /// take turns and draw from one ledger. Releases planned earlier in the
+    /// batch of rows stored before it are not subtracted: that over-counts,
+    /// which refuses, never over-draws.
+    fn over_cap(&mut self, c: &Prepared, plan: &Plan) -> Result<Option<StoreError>, StoreError> {
+        for (i, d) in c.budget_draws.iter().enumerate() {
+            let Some(cap) = &d.cap else { continue };
+            let from_ms = cap.counts_from_ms(d.ts_ms).unwrap_or(0);
+            let from_db = i64::try_from(from_ms).unwrap_or(i64::MAX);
+            let rows = self.pg.query(
+                "SELECT COALESCE(SUM(amount), 0.0)::float8 FROM budget
+                 WHERE key = $1 AND ts_ms >= $2 AND NOT released",
+                &[&d.key, &from_db],
+            )?;
+            let stored: f64 = match rows.first() {
+                Some(r) => col(r, 0)?,
+                None => 0.0,
+            };
+            let counts = |e: &&BudgetRow| e.key == d.key && e.ts_ms >= from_ms && !e.released;
+            let planned: f64 = plan
+                .draws
+                .rows
+                .iter()
+                .map(|(_, e)| e)
+                .filter(counts)
+                .map(|e| e.amount)
+                .sum();
+            let earlier: f64 = c.budget_draws[..i]
+                .iter()
+                .filter(counts)
+                .map(|e| e.amount)
+                .sum();
+            if let Err(e) = cap.check(d, stored + planned + earlier) {
+                return Ok(Some(e));
+            }
+        }
+        Ok(None)
     }
 
     /// What is stored of the receipts, operations and reservations the

@@ -231,6 +231,7 @@ impl Store for PgStore {
                         amount: col(r, 2)?,
                         ts_ms: seq_from_db(col(r, 3)?)?,
                         released: col(r, 4)?,
+                        cap: None,
                     })
                 })
                 .collect()

@@ -201,6 +201,11 @@ fn apply_one(
         if let Some(conflict) = budget_conflict(conn, &c.budget_draws)? {
             return Ok(Err(conflict));
         }
+        // The check and the draw in one transaction that holds the write
+        // lock: every process on the file draws from one ledger.
+        if let Some(exceeded) = budget_over_cap(conn, &c.budget_draws)? {
+            return Ok(Err(exceeded));
+        }
     }
 
     let first_seq = chain.head.seq + 1;
@@ -292,6 +297,36 @@ fn budget_conflict(
                 "budget reservation {:?} is already stored",
                 b.reservation_id
             ))));
+        }
+    }
+    Ok(None)
+}
+
+/// The refusal of the first capped draw that does not fit: the key's
+/// stored, unreleased draws the window counts (earlier commits of this
+/// batch included, since they are in the open transaction) plus this
+/// commit's earlier draws of the same key (see [`crate::BudgetCap`]).
+fn budget_over_cap(
+    conn: &Connection,
+    draws: &[BudgetRow],
+) -> Result<Option<StoreError>, StoreError> {
+    let mut sum = conn.prepare_cached(
+        "SELECT COALESCE(SUM(amount), 0.0) FROM budget
+         WHERE key = ?1 AND ts_ms >= ?2 AND released = 0",
+    )?;
+    for (i, d) in draws.iter().enumerate() {
+        let Some(cap) = &d.cap else { continue };
+        let from_ms = cap.counts_from_ms(d.ts_ms).unwrap_or(0);
+        // Stored ts_ms never exceeds i64::MAX, so a larger bound counts nothing.
+        let from_db = i64::try_from(from_ms).unwrap_or(i64::MAX);
+        let stored: f64 = sum.query_row(params![&d.key, from_db], |r| r.get(0))?;
+        let earlier: f64 = draws[..i]
+            .iter()
+            .filter(|e| e.key == d.key && e.ts_ms >= from_ms && !e.released)
+            .map(|e| e.amount)
+            .sum();
+        if let Err(e) = cap.check(d, stored + earlier) {
+            return Ok(Some(e));
         }
     }
     Ok(None)

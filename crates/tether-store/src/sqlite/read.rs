@@ -229,9 +229,23 @@ impl Store for SqliteStore {
                 amount,
                 ts_ms: u64_col(ts, "budget ts_ms")?,
                 released,
+                cap: None,
             });
         }
         Ok(out)
+    }
+
+    fn budget_used(&self, key: &str, from_ms: Option<u64>) -> Result<f64, StoreError> {
+        let conn = self.read();
+        // Stored ts_ms never exceeds i64::MAX, so a larger bound counts nothing.
+        let from = i64::try_from(from_ms.unwrap_or(0)).unwrap_or(i64::MAX);
+        let used: f64 = conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(amount), 0.0) FROM budget
+                 WHERE key = ?1 AND ts_ms >= ?2 AND released = 0",
+            )?
+            .query_row(params![key, from], |r| r.get(0))?;
+        Ok(used)
     }
 
     fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {

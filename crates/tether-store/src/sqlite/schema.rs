@@ -9,7 +9,7 @@ use crate::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
@@ -111,6 +111,13 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE approvals ADD COLUMN updated_seq INTEGER NOT NULL DEFAULT 0;
     UPDATE approvals SET updated_seq = created_seq;
     CREATE INDEX approvals_updated ON approvals(updated_seq);",
+    ),
+    (
+        7,
+        // The writer checks every capped draw against its key's draws in
+        // the window, inside the transaction that stores it; this keeps
+        // that sum one index range, whatever else the journal holds.
+        "CREATE INDEX budget_key_ts ON budget(key, ts_ms);",
     ),
 ];
 
