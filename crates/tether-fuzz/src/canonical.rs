@@ -6,7 +6,8 @@
 //!   (`normalize_numbers`), and the strict parser reads it the same;
 //! - the canonical text of that parse is `c` again, byte for byte;
 //! - `c` equals the reference writer's text (members in UTF-16 order of
-//!   their names, the short escapes, ECMAScript numbers);
+//!   their names, the short escapes), and each number is written as the
+//!   same f64 in as few digits as Rust's shortest round-trip form;
 //! - the member writer (`object_text`) writes an object as the value writer
 //!   does, and the bounded writer refuses exactly what is deeper than its bound.
 
@@ -97,12 +98,28 @@ fn write_reference(v: &Value, out: &mut String) {
     match v {
         Value::Null | Value::Bool(_) => out.push_str(&v.to_string()),
         Value::Number(n) => {
+            // Tether's number text, judged on its own: it must denote the
+            // same f64 and be as short as the shortest round-trip digits.
+            // The digits themselves may differ from Rust's in a tie, where
+            // ECMA-262 picks the even digit and Rust's formatter need not
+            // (`184467440737095.1307`: `…095.12` is right, Rust says `…095.13`).
             let f = n.as_f64().unwrap_or(f64::NAN);
-            if f == 0.0 {
-                out.push('0');
-            } else {
-                out.push_str(ryu_js_like(f).as_str());
+            let mut mine = String::new();
+            tether_core::canonical::write_f64(f, &mut mine);
+            let back: Option<f64> = mine.parse().ok();
+            assert!(
+                back == Some(f) || (f == 0.0 && mine == "0"),
+                "{mine} does not denote {f}"
+            );
+            if f != 0.0 {
+                let reference = ryu_js_like(f);
+                assert_eq!(
+                    digits(&mine),
+                    digits(&reference),
+                    "{mine} vs {reference}: not shortest"
+                );
             }
+            out.push_str(&mine);
         }
         Value::String(s) => out.push_str(&Value::String(s.clone()).to_string()),
         Value::Array(items) => {
@@ -137,6 +154,14 @@ fn write_reference_object(map: &Map<String, Value>, out: &mut String) {
         }
     }
     out.push('}');
+}
+
+/// The significant digits of a number's text (no sign, point, exponent or
+/// leading and trailing zeros).
+fn digits(text: &str) -> usize {
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    let d: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    d.trim_start_matches('0').trim_end_matches('0').len()
 }
 
 /// ECMAScript `Number.prototype.toString` of a finite non-zero f64, from the
