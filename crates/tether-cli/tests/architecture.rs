@@ -69,6 +69,7 @@ const EXPECTED_CRATES: &[&str] = &[
     "tether-drivers",
     "tether-server",
     "tether-cli",
+    "tether-fuzz",
 ];
 
 /// The normal (`[dependencies]`) edges allowed between Tether crates: the
@@ -103,6 +104,22 @@ const ALLOWED_NORMAL_DEPS: &[(&str, &[&str])] = &[
             "tether-server",
             // Only for the offline tools: open, verify, export.
             "tether-store",
+        ],
+    ),
+    // The fuzz targets (issue 21) drive every layer's public entry points
+    // (the canonical writer, the verifier, the limits engine, the policy
+    // loader, the manifest loader, the surfaces) and judge what they answer;
+    // nothing depends on them.
+    (
+        "tether-fuzz",
+        &[
+            "tether-core",
+            "tether-limits",
+            "tether-policy",
+            "tether-store",
+            "tether-kernel",
+            "tether-drivers",
+            "tether-server",
         ],
     ),
 ];

@@ -88,6 +88,13 @@ pub(crate) fn text_member_is(text: &str, key: &str, value: &str) -> bool {
     })
 }
 
+/// The text read the permissive way (`serde_json`'s: the last duplicate key
+/// wins, escapes decoded, depth bounded by its recursion limit), only to
+/// recognise an e-stop in text the strict parser refused.
+pub(crate) fn permissive_parse(text: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(text).ok()
+}
+
 /// Largest request accepted by any surface, bytes.
 pub const REQUEST_BYTES_MAX: usize = 1 << 20;
 

@@ -100,11 +100,20 @@ pub(super) fn unparsable(text: &str, parse_message: &str) -> Option<DefectiveEst
 /// holds the method and a `"name"` member whose value is `"estop"`. A
 /// textual look (the text is not JSON); a false positive stops devices,
 /// which for a request that mentions the e-stop is the safe mistake.
+///
+/// Text a permissive parser still reads (a duplicate key, nesting beyond the
+/// strict bound) is also judged by what that parse names, so a name written
+/// with escapes (`"\u0065stop"`, `"tools\/call"`), which the textual look
+/// cannot see, still stops (found by the `mcp` fuzz target).
 fn loosely_names_estop(text: &str) -> bool {
-    if !text.contains("\"tools/call\"") {
-        return false;
-    }
-    crate::text_member_is(text, "name", "\"estop\"")
+    let textual =
+        text.contains("\"tools/call\"") && crate::text_member_is(text, "name", "\"estop\"");
+    textual
+        || crate::permissive_parse(text).is_some_and(|v| match v {
+            Value::Object(o) => names_estop(&o),
+            Value::Array(items) => items.iter().filter_map(Value::as_object).any(names_estop),
+            _ => false,
+        })
 }
 
 /// Screens one strictly parsed message.
@@ -368,5 +377,21 @@ mod tests {
         )
         .is_none());
         assert!(unparsable(r#"{"name":"estop","name":"x"}"#, "dup").is_none());
+    }
+
+    /// Regression (the `mcp` fuzz target): a tool name or method written
+    /// with JSON escapes in text the strict parser refuses still stops.
+    #[test]
+    fn unparsable_text_with_an_escaped_estop_name_is_an_estop() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\u0065stop","name":"\u0065stop","arguments":{}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools\/call","params":{"name":"estop"}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\u0065stop","x":1,"x":2}}]"#,
+        ] {
+            let why = parse_strict(text).expect_err("duplicate keys");
+            assert!(unparsable(text, &why).is_some(), "{text}");
+        }
+        let hello = r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list","params":{"name":"\u0065stop"}}"#;
+        assert!(unparsable(hello, "dup").is_none());
     }
 }

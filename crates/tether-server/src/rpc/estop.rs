@@ -17,7 +17,7 @@ const DEVICE_IDS_MAX: usize = 1024;
 /// The text read the permissive way (`serde_json`'s: the last duplicate key
 /// wins, depth bounded by its recursion limit), only to recognise an e-stop.
 pub(super) fn lenient_parse(text: &str) -> Option<Value> {
-    serde_json::from_str(text).ok()
+    crate::permissive_parse(text)
 }
 
 /// Whether text that is not strict JSON reads as an e-stop: some `"method"`
@@ -25,10 +25,22 @@ pub(super) fn lenient_parse(text: &str) -> Option<Value> {
 /// class. A textual look, bounded by the (≤ 1 MiB) text; a false positive
 /// stops devices, which for a request that mentions the e-stop is the safe
 /// mistake.
+///
+/// Text the permissive parser still reads (a duplicate key, nesting beyond
+/// the strict bound) is also judged by what that parse asks, alone or in a
+/// batch, so a method written with escapes (`"mhs.safety.\u0065stop"`),
+/// which the textual look cannot see, still stops (found by the `rpc` fuzz
+/// target).
 pub(super) fn names_estop_loosely(text: &str) -> bool {
     let method_is = |wanted: &str| crate::text_member_is(text, "method", wanted);
-    method_is("\"mhs.safety.estop\"")
-        || (method_is("\"mhs.command\"") && text.contains(&format!("\"{}\"", catalogue::ESTOP)))
+    let textual = method_is("\"mhs.safety.estop\"")
+        || (method_is("\"mhs.command\"") && text.contains(&format!("\"{}\"", catalogue::ESTOP)));
+    textual
+        || lenient_parse(text).is_some_and(|v| match v {
+            Value::Object(o) => estop_target(&o),
+            Value::Array(items) => items.iter().filter_map(Value::as_object).any(estop_target),
+            _ => false,
+        })
 }
 
 /// Whether a JSON object asks for an e-stop (by method, whatever the envelope).
@@ -218,4 +230,27 @@ async fn serve_estop_with_defective_params(
         format!("invalid e-stop params: {defect}; every device was stopped"),
         json!({"reason": "params_invalid", "message": defect, "estop_served": true, "receipt": receipt}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_estop_loosely;
+
+    /// Regression (the `rpc` fuzz target): a method written with JSON
+    /// escapes in text the strict parser refuses (here a duplicate `id`) was
+    /// not recognised as an e-stop, so nothing latched.
+    #[test]
+    fn an_escaped_estop_method_in_text_that_is_not_strict_json_is_an_estop() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"mhs.safety.\u0065stop","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":1,"m\u0065thod":"mhs.safety.estop"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"mhs.command","params":{"capability_id":"cap.motion.\u0065stop.v1"}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"id":1,"method":"mhs.safety.\u0065stop"}]"#,
+        ] {
+            assert!(names_estop_loosely(text), "{text}");
+        }
+        assert!(!names_estop_loosely(
+            r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"mhs.hello","params":{"reason":"mhs.safety.\u0065stop"}}"#
+        ));
+    }
 }

@@ -1,0 +1,5 @@
+//! cargo-fuzz binary of the `rpc` target; the logic and its invariants are
+//! in `tether_fuzz::rpc` (crates/tether-fuzz), shared with the corpus replay test.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tether_fuzz::rpc::run(data));
