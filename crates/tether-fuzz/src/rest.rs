@@ -52,6 +52,7 @@ pub fn run(data: &[u8]) {
             kernel.clone(),
             tether_server::auth::Authenticator::open(),
             edge,
+            false,
         );
         let text = String::from_utf8_lossy(data);
         let mut last_invocation = String::from("inv_none");
