@@ -64,6 +64,8 @@ estop = {{ latency_ms = 300, native = true }}
 #[derive(Default)]
 struct Pump {
     calls: AtomicUsize,
+    /// A dose never ends (the process is "killed" while it runs).
+    hang: std::sync::atomic::AtomicBool,
 }
 
 impl Driver for Pump {
@@ -73,6 +75,9 @@ impl Driver for Pump {
     fn call(&self, call: Authorized, _cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.hang.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             Ok(json!({"dosed": call.input()["amount"]}))
         })
     }
@@ -126,6 +131,10 @@ async fn endpoint(dir: &Path, mode: &str) -> Endpoint {
 
 impl Endpoint {
     async fn dose(&self, amount: f64) -> Value {
+        self.dose_as(amount, None).await
+    }
+
+    async fn dose_as(&self, amount: f64, command_id: Option<&str>) -> Value {
         let req = CommandRequest {
             route: tether_kernel::Route::Command,
             session_id: Some(self.sid.clone()),
@@ -133,7 +142,7 @@ impl Endpoint {
             capability_id: "x-cap.test.dose.v1".into(),
             resource: None,
             input: json!({"amount": amount}),
-            command_id: None,
+            command_id: command_id.map(str::to_owned),
             deadline: None,
             expected_revision: None,
             safe_place_grant: None,
@@ -295,4 +304,63 @@ async fn a_physical_call_refused_by_a_disarm_made_elsewhere_draws_nothing_from_t
     let a = endpoint(dir.path(), "hardware").await;
     let r = a.dose(25.0).await;
     assert_eq!(r["status"], "completed", "{r}");
+}
+
+/// A simulated call that draws a budget has its admission made durable
+/// before dispatch; killed before its receipt, the next start must record
+/// the id's outcome (`unknown`), so a resend replays it and never runs or
+/// draws again (found by the SIGKILL campaign: the admitted id had no
+/// outcome, and its resend collided with its own stored draw).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budgeted_call_killed_before_its_receipt_is_unknown_after_a_restart_and_never_runs_again()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    const ID: &str = "01BUDGETKILLED000000000001";
+    {
+        let a = Arc::new(endpoint(dir.path(), "simulated").await);
+        // A call that completes leaves no open operation behind.
+        assert_eq!(a.dose(2.0).await["status"], "completed");
+        assert!(a.store.open_ops().expect("ops").is_empty());
+        a.pump.hang.store(true, Ordering::SeqCst);
+        let running = {
+            let a = a.clone();
+            tokio::spawn(async move { a.dose_as(3.0, Some(ID)).await })
+        };
+        let t0 = std::time::Instant::now();
+        while a.pump.calls.load(Ordering::SeqCst) < 2 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "never dispatched"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // While it runs, its start is on the far side: the open operation.
+        let ops = a.store.open_ops().expect("ops");
+        assert_eq!(
+            ops.iter()
+                .map(|o| o.command_id.as_str())
+                .collect::<Vec<_>>(),
+            [ID]
+        );
+        // The "kill": the call never finishes and this endpoint is gone.
+        running.abort();
+    }
+    let b = endpoint(dir.path(), "simulated").await;
+    let row = b
+        .store
+        .receipt(ID)
+        .expect("read")
+        .expect("an outcome for the killed id");
+    assert_eq!(row.receipt["status"], "unknown", "{}", row.receipt);
+    assert_eq!(
+        row.receipt["error"]["details"]["reason"],
+        "endpoint_crashed"
+    );
+    assert!(b.store.open_ops().expect("ops").is_empty());
+    let again = b.dose_as(3.0, Some(ID)).await;
+    assert_eq!(again["status"], "unknown", "{again}");
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(b.pump.calls.load(Ordering::SeqCst), 0, "never run again");
+    // Its draw stays counted (it may have dosed), never drawn twice.
+    assert_eq!(b.stored_draws(), 5.0);
 }

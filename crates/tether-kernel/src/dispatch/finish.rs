@@ -53,8 +53,11 @@ impl Kernel {
         // indexes it). The commit is serialised from a borrow; the answer is
         // the receipt's canonical text, or on the value path the receipt
         // taken back out of the commit, so it is never copied as a tree.
+        // An admission recorded before dispatch left an open operation
+        // (`durable_start`); the receipt closes it.
+        let closes_op = matches!(admission, Admission::Recorded) && !b.is_read();
         let (event, text) = receipt_event(&ctx, receipt, latency_us, op_id, admission);
-        let commit = self.receipt_commit(&ctx, b, event, revisions.1);
+        let commit = self.receipt_commit(&ctx, b, event, (revisions.1, closes_op));
         let (durable, answer) = match text {
             // The store moves the canonical body in; the answer is the text.
             Some(text) => (self.commit_for(&ctx, commit).await, Answer::Canonical(text)),
@@ -160,7 +163,13 @@ impl Kernel {
 
     /// The receipt's commit: its entry indexed under the command id, the
     /// revision it made, and the open operation it closes.
-    fn receipt_commit(&self, ctx: &Ctx, b: &BindingSpec, event: EventDraft, after: u64) -> Commit {
+    fn receipt_commit(
+        &self,
+        ctx: &Ctx,
+        b: &BindingSpec,
+        event: EventDraft,
+        (after, closes_op): (u64, bool),
+    ) -> Commit {
         let dev = &self.inner.devices[ctx.device];
         let revisions = if b.is_read() {
             Vec::new()
@@ -171,7 +180,7 @@ impl Kernel {
                 revision: after,
             }]
         };
-        let closed_ops = if Kernel::start_is_tracked(dev.spec.manifest.mode, b) {
+        let closed_ops = if closes_op {
             vec![ctx.command_id.clone()]
         } else {
             Vec::new()

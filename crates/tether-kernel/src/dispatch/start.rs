@@ -38,8 +38,13 @@ impl Kernel {
             return Ok(Admission::Recorded);
         }
         let dev = &self.inner.devices[ctx.device];
-        let tracked = Kernel::start_is_tracked(dev.spec.manifest.mode, b);
-        if !tracked && admitted.reservations.is_empty() {
+        // A call whose admission is durable before dispatch (it draws a
+        // budget) also leaves its open operation: killed before its receipt,
+        // start-up records the id's outcome (`unknown`) instead of leaving
+        // an admitted id without one, whose resend would draw again.
+        let tracked = Kernel::start_is_tracked(dev.spec.manifest.mode, b)
+            || !admitted.reservations.is_empty();
+        if !tracked {
             // The receipt repeats the binding, input digest and operation;
             // the admission part keeps only what the receipt lacks.
             return Ok(Admission::WithReceipt(b.risk.as_str()));
