@@ -239,9 +239,14 @@ struct Sent {
     receipt: Value,
 }
 
+/// A command's answer waits at most this long: on a locked database each
+/// batch waits out SQLite's busy timeout (5 s), and on a loaded 2-core
+/// machine a command queued behind several such batches took over 20 s.
+const COMMAND_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
 fn rpc(addr: SocketAddr, method: &str, params: &Value) -> Value {
     let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = http_post(addr, req.to_string().as_bytes(), TIMEOUT);
+    let resp = http_post(addr, req.to_string().as_bytes(), COMMAND_WAIT);
     assert_eq!(resp.status, 200, "{method}: {}", resp.text());
     let v = resp.json();
     assert!(v.get("error").is_none(), "{method} {params}: {v}");
@@ -302,7 +307,7 @@ fn invoke(addr: SocketAddr, tool: &str, body: &Value) -> Value {
         "POST",
         &path,
         body.to_string().as_bytes(),
-        TIMEOUT,
+        COMMAND_WAIT,
         "",
     );
     let v = r.json();
@@ -314,14 +319,14 @@ fn invoke(addr: SocketAddr, tool: &str, body: &Value) -> Value {
         .as_str()
         .expect("invocation_id")
         .to_owned();
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + COMMAND_WAIT;
     loop {
         let r = http_request(
             addr,
             "GET",
             &format!("/invocations/{inv}/result"),
             b"",
-            TIMEOUT,
+            COMMAND_WAIT,
             "",
         );
         let v = r.json();

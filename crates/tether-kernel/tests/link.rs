@@ -259,7 +259,13 @@ async fn a_link_down_past_the_watchdog_latches_once_and_holds_until_an_operator_
     // The running operation was cancelled, the stop path attempted.
     let receipt = running.await.expect("task").expect("receipt");
     assert_eq!(receipt["status"], "cancelled", "{receipt}");
-    assert!(driver.estops.load(Ordering::SeqCst) >= 1);
+    // The stop path runs in its own worker: it may come after the receipt.
+    wait_until(
+        "the stop path's native stop",
+        Duration::from_secs(5),
+        || driver.estops.load(Ordering::SeqCst) >= 1,
+    )
+    .await;
     // A command is refused with the latch code.
     let refused = k
         .command(&p, run(&sid), CommandOptions::plain())
