@@ -33,6 +33,22 @@ pub(crate) fn write_export_seal(
     write_export_seal_at(out, entries + 1, entries, head_hash)
 }
 
+/// Writes one page of an export's entries (each canonical line, then a
+/// newline), counting them; answers the page's last seq, `None` for an
+/// empty page (the chain's end). Both backends page their export this way.
+pub(crate) fn write_export_page(
+    out: &mut dyn std::io::Write,
+    page: &[(i64, String)],
+    count: &mut u64,
+) -> std::io::Result<Option<i64>> {
+    for (_, line) in page {
+        out.write_all(line.as_bytes())?;
+        out.write_all(b"\n")?;
+        *count += 1;
+    }
+    Ok(page.last().map(|&(seq, _)| seq))
+}
+
 /// [`write_export_seal`] for a slice: the seal takes seq `seq` (one past the
 /// slice's last entry) and counts the slice's `entries`.
 pub(crate) fn write_export_seal_at(

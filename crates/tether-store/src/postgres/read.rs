@@ -291,12 +291,9 @@ impl Store for PgStore {
                     .map(|r| Ok((col::<i64>(r, 0)?, col::<String>(r, 1)?)))
                     .collect::<Result<Vec<_>, StoreError>>()
             })?;
-            let Some(&(last, _)) = page.last() else { break };
-            for (_, line) in &page {
-                out.write_all(line.as_bytes())?;
-                out.write_all(b"\n")?;
-                count += 1;
-            }
+            let Some(last) = crate::verify::write_export_page(out, &page, &mut count)? else {
+                break;
+            };
             after = last;
         }
         crate::verify::write_export_seal(out, count, &head_hash)?;
