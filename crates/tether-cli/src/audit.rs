@@ -20,7 +20,11 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
             state_dir,
             store,
             since,
-        } => export(&StoreChoice { state_dir, store }, since),
+        } => export(&StoreChoice {
+                state_dir,
+                store,
+                ..Default::default()
+            }, since),
         AuditAction::Verify {
             state_dir,
             store,
@@ -32,7 +36,11 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
         } => {
             let keys = given_keys(&pubkey, &pubkey_file)?;
             verify(
-                StoreChoice { state_dir, store },
+                StoreChoice {
+                state_dir,
+                store,
+                ..Default::default()
+            },
                 file,
                 keys,
                 checkpoint.as_deref(),

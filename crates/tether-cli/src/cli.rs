@@ -47,7 +47,11 @@ pub enum Command {
         /// [[principals]]: anyone who reaches it can command the devices.
         /// Only for an isolated network; configure principals instead.
         #[arg(long)]
-        insecure_no_auth: bool,
+        insecure_no_auth: bool,        /// A `hardware` or `hybrid` device another live endpoint owns (its
+        /// lease on the shared store holds): wait up to SECONDS for it
+        /// instead of refusing to start (without a value: up to a day).
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "86400")]
+        wait_for_devices: Option<u64>,
     },
     /// Serve MCP on standard input/output (what an MCP client launches).
     Mcp {
@@ -65,7 +69,11 @@ pub enum Command {
         /// Environment variable holding this caller's bearer token (needed
         /// when principals are configured; never pass a token as a flag).
         #[arg(long, value_name = "NAME", default_value = "TETHER_TOKEN")]
-        token_env: String,
+        token_env: String,        /// A `hardware` or `hybrid` device another live endpoint owns (its
+        /// lease on the shared store holds): wait up to SECONDS for it
+        /// instead of refusing to start (without a value: up to a day).
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "86400")]
+        wait_for_devices: Option<u64>,
     },
     /// Check a config (or a single device manifest, or a `.cedar` policy
     /// against the built-in cell) and print every defect. A config's policy is
@@ -125,6 +133,12 @@ pub enum Command {
     Store {
         #[command(subcommand)]
         action: StoreAction,
+    },
+    /// The fleet on a store: endpoints alive with their devices, last
+    /// heartbeats, device owners, latches, arming and open operations.
+    Fleet {
+        #[command(subcommand)]
+        action: FleetAction,
     },
     /// The evidence signing key (ed25519) of a state directory: with one,
     /// endpoints sign checkpoints of the chain.
@@ -360,6 +374,22 @@ pub enum AuditAction {
         /// State directory.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum FleetAction {
+    /// Print the fleet's state as the store holds it (no endpoint needed).
+    Status {
+        /// State directory (the SQLite store shared by this host's endpoints).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// The fleet's PostgreSQL store.
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
+        /// One JSON document instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 

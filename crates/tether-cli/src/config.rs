@@ -58,6 +58,26 @@ pub struct EndpointConfig {
     /// Signed checkpoints of the evidence chain (`[evidence]`, `evidence.rs`).
     #[serde(default)]
     pub evidence: crate::evidence::EvidenceConfig,
+    /// This endpoint among others on one store (`[fleet]`, `fleet.rs`).
+    #[serde(default)]
+    pub fleet: FleetConfig,
+}
+
+/// The `[fleet]` table: the leases and the governed stop's bound. Every key
+/// is optional; unknown keys are refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetConfig {
+    /// How long this endpoint's leases (its own, and one per physical
+    /// device) last without a renewal, ms (default 5000; renewed every third).
+    pub lease_ms: Option<u64>,
+    /// The governed stop's guaranteed bound, ms (default 250): unable to
+    /// read the stop for longer, the endpoint aborts its physical calls and
+    /// refuses new ones until it can.
+    pub stop_bound_ms: Option<u64>,
+    /// How long a start waits for a device another endpoint owns, seconds
+    /// (default 0: refuse at once; `--wait-for-devices` overrides).
+    pub wait_for_devices_s: Option<u64>,
 }
 
 /// The `[http]` table: how the network listeners (`--http`, `--mcp-http`)

@@ -29,6 +29,8 @@ pub struct Endpoint {
     pub device_count: usize,
     /// The MCP HTTP session bounds (`[http]`).
     pub mcp_sessions: tether_server::mcp::http::SessionBounds,
+    /// Dropped first: the leases are given up before anything else stops.
+    _fleet: tether_kernel::FleetLease,
     _watcher: tether_kernel::governed::StopWatcher,
     _reaper: tokio::task::JoinHandle<()>,
     _link_monitor: Option<tokio::task::JoinHandle<()>>,
@@ -111,6 +113,7 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
     kernel_config.policy = loaded.policy.clone();
     loaded.config.limits.apply(&mut kernel_config);
     let mcp_sessions = crate::bounds::mcp_sessions(&loaded.config.http);
+    apply_fleet(&loaded.config.fleet, &choice, &mut kernel_config)?;
     if let Some(armed) = loaded.config.hardware_armed_at_start {
         kernel_config.hardware_armed_at_start = armed;
     }
@@ -161,6 +164,11 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
     // A physical device whose link stays down past its watchdog period is
     // latched; link changes are recorded (none to watch: `None`).
     let link_monitor = kernel.start_link_monitor(runtime.handle());
+    // The leases of this endpoint and its physical devices, renewed while
+    // it runs and given up when it stops.
+    let fleet = kernel
+        .start_fleet_lease(runtime.handle().clone())
+        .context("starting the fleet lease")?;
     // Checkpoints of the chain head, signed off the command path.
     let checkpointer =
         crate::evidence::start(&kernel, runtime.handle(), &dir, &loaded.config.evidence)?;
@@ -171,6 +179,7 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         store_shown,
         device_count,
         mcp_sessions,
+        _fleet: fleet,
         _watcher: watcher,
         _reaper: reaper,
         _link_monitor: link_monitor,
@@ -179,6 +188,30 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         runtime,
     })
 }
+
+/// The `[fleet]` settings and `--wait-for-devices` into the kernel's
+/// (the kernel checks their ranges at start).
+fn apply_fleet(
+    fleet: &config::FleetConfig,
+    choice: &crate::store::StoreChoice,
+    kernel_config: &mut KernelConfig,
+) -> anyhow::Result<()> {
+    if let Some(ms) = fleet.lease_ms {
+        kernel_config.fleet_lease_ms = ms;
+    }
+    if let Some(ms) = fleet.stop_bound_ms {
+        kernel_config.stop_bound_ms = ms;
+    }
+    let wait_s = choice.wait_for_devices_s.or(fleet.wait_for_devices_s).unwrap_or(0);
+    if wait_s > WAIT_FOR_DEVICES_S_MAX {
+        bail!("--wait-for-devices / fleet.wait_for_devices_s = {wait_s}: at most {WAIT_FOR_DEVICES_S_MAX} seconds");
+    }
+    kernel_config.wait_for_devices_ms = wait_s * 1000;
+    Ok(())
+}
+
+/// Longest wait for devices another endpoint owns, seconds (a week).
+const WAIT_FOR_DEVICES_S_MAX: u64 = 7 * 86_400;
 
 /// The stdio caller, established once from the launching environment: a
 /// missing or wrong token refuses start-up (fail closed).

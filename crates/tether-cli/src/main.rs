@@ -19,6 +19,7 @@ mod describe;
 mod edge;
 mod endpoint;
 mod evidence;
+mod fleet;
 mod keys;
 mod rpc;
 mod safety;
@@ -85,9 +86,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             http,
             mcp_http,
             insecure_no_auth,
+            wait_for_devices,
         } => serve::serve(
             config,
-            store::StoreChoice { state_dir, store },
+            store::StoreChoice {
+                state_dir,
+                store,
+                wait_for_devices_s: wait_for_devices,
+            },
             serve::Surfaces {
                 stdio,
                 http,
@@ -100,7 +106,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             state_dir,
             store,
             token_env,
-        } => serve::mcp(config, store::StoreChoice { state_dir, store }, &token_env),
+            wait_for_devices,
+        } => serve::mcp(
+            config,
+            store::StoreChoice {
+                state_dir,
+                store,
+                wait_for_devices_s: wait_for_devices,
+            },
+            &token_env,
+        ),
+        Command::Fleet { action } => fleet::fleet(action),
         Command::Check { file, schema } => Ok(check::check(&file, schema)),
         Command::Approvals { action, endpoint } => approvals::approvals(action, &endpoint),
         Command::Describe {
@@ -123,7 +139,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             reason,
         } => safety::estop(
             device.as_deref(),
-            store::StoreChoice { state_dir, store },
+            store::StoreChoice {
+                state_dir,
+                store,
+                ..Default::default()
+            },
             &reason,
         ),
         Command::Reset {

@@ -20,6 +20,9 @@ pub struct StoreChoice {
     pub state_dir: Option<PathBuf>,
     /// `--store` / `TETHER_STORE_URL`.
     pub store: Option<String>,
+    /// `--wait-for-devices` (serve, mcp): how long a start waits for a
+    /// device another endpoint owns, seconds.
+    pub wait_for_devices_s: Option<u64>,
 }
 
 impl StoreChoice {

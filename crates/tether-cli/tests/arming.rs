@@ -189,14 +189,22 @@ fn authority_is_declared_only_on_a_hybrid_device() {
 }
 
 /// Two endpoints on one state directory: a command id runs once there (the
-/// second endpoint answers the first one's receipt), and a disarm answered
-/// by one binds the other's next physical call at once.
+/// second endpoint, serving the relay simulated — a physical device has one
+/// owner, `fleet.rs` — answers the first one's receipt), and a disarm
+/// answered by the owner binds the next owner of the device.
 #[test]
-fn endpoints_sharing_a_state_directory_run_an_id_once_and_obey_one_disarm() {
+fn endpoints_sharing_a_state_directory_run_an_id_once_and_keep_one_disarm() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write_config(dir.path(), &relay_manifest("hardware", ""), "");
-    let a = start_with_config(dir.path(), &cfg);
-    let b = start_with_config(dir.path(), &cfg);
+    let sim_dir = dir.path().join("sim");
+    std::fs::create_dir_all(&sim_dir).expect("dir");
+    let sim_cfg = write_config(&sim_dir, &relay_manifest("simulated", ""), "");
+    let mut a = start_with_config(dir.path(), &cfg);
+    let b = Server::start_with(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[std::ffi::OsStr::new("--config"), sim_cfg.as_os_str()],
+    );
     let run = |s: &Server, id: &str| {
         let sid = call_with_token(s, AGENT, "mhs.session.open", json!({}))["result"]["session_id"]
             .as_str()
@@ -218,6 +226,10 @@ fn endpoints_sharing_a_state_directory_run_an_id_once_and_obey_one_disarm() {
 
     let off = call_with_token(&a, AGENT, "mhs.safety.disarm", json!({"device_id": RELAY}));
     assert_eq!(off["result"]["durable"], true, "{off}");
-    let refused = run(&b, "after-disarm-1");
-    assert_rejected(&refused, "MHS.AUTH.HARDWARE_DISABLED");
+    assert_rejected(&run(&a, "after-disarm-1"), "MHS.AUTH.HARDWARE_DISABLED");
+    // The owner stops in order; the next owner finds the relay disarmed.
+    let status = a.terminate().expect("exit");
+    assert!(status.success(), "{status:?}");
+    let next = start_with_config(dir.path(), &cfg);
+    assert_rejected(&run(&next, "after-disarm-2"), "MHS.AUTH.HARDWARE_DISABLED");
 }

@@ -1,7 +1,7 @@
 //! Two `tether serve` processes on one state directory share what the store
 //! holds: one ledger per budget (drawn from both at once, never exceeded
-//! together) and the arming of a hardware device (an arm or a disarm made
-//! on one endpoint binds the other).
+//! together) and the arming of a hardware device (a disarm made on one
+//! owner binds the next).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,7 +15,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 const AGENT: &str = "shared-agent-token";
 const ALICE: &str = "shared-alice-token";
@@ -167,38 +166,17 @@ fn armed(s: &Server) -> bool {
         .expect("armed")
 }
 
-/// An operator's arm on one endpoint arms the device on the other (it
-/// learns it from the store, as it learns of a stop), and a disarm on
-/// either binds the other's next physical call.
+/// Arming is kept in the store: a disarm made on the device's owner binds
+/// the next owner (a physical device has one owner at a time, `fleet.rs`),
+/// and an operator's arm there lets its calls run again.
 #[test]
-fn an_arm_on_one_endpoint_is_obeyed_by_the_other() {
+fn a_disarm_made_on_one_owner_binds_the_next_and_an_arm_there_releases_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = write_config(dir.path(), &relay_hw(), "hardware_armed_at_start = false");
-    let a = start_with_config(dir.path(), &cfg);
-    let b = start_with_config(dir.path(), &cfg);
-    assert!(!armed(&a) && !armed(&b));
-    assert_rejected(&switch(&b, 1), "MHS.AUTH.HARDWARE_DISABLED");
-
-    let yes = call_with_token(
-        &a,
-        ALICE,
-        "mhs.safety.arm",
-        json!({"device_id": "relay-hw", "reason": "shift start"}),
-    );
-    assert_eq!(yes["result"]["durable"], true, "{yes}");
-    // The other endpoint's stop watcher reads the arming row (a bound far
-    // above its poll, for a loaded machine).
-    poll_until(
-        "the arm to reach endpoint b",
-        Duration::from_secs(10),
-        || armed(&b),
-    );
-    let r = switch(&b, 1);
-    assert_eq!(r["status"], "completed", "{r}");
-
-    // A disarm on b binds a's very next physical call.
+    let cfg = write_config(dir.path(), &relay_hw(), "");
+    let mut a = start_with_config(dir.path(), &cfg);
+    assert!(armed(&a));
     let off = call_with_token(
-        &b,
+        &a,
         AGENT,
         "mhs.safety.disarm",
         json!({"device_id": "relay-hw"}),
@@ -206,4 +184,19 @@ fn an_arm_on_one_endpoint_is_obeyed_by_the_other() {
     assert_eq!(off["result"]["durable"], true, "{off}");
     let d = assert_rejected(&switch(&a, 2), "MHS.AUTH.HARDWARE_DISABLED");
     assert_eq!(d["reason"], "not_armed");
+    let status = a.terminate().expect("exit");
+    assert!(status.success(), "{status:?}");
+
+    let b = start_with_config(dir.path(), &cfg);
+    assert!(!armed(&b), "the disarm is kept in the store");
+    assert_rejected(&switch(&b, 1), "MHS.AUTH.HARDWARE_DISABLED");
+    let yes = call_with_token(
+        &b,
+        ALICE,
+        "mhs.safety.arm",
+        json!({"device_id": "relay-hw", "reason": "shift start"}),
+    );
+    assert_eq!(yes["result"]["durable"], true, "{yes}");
+    let r = switch(&b, 1);
+    assert_eq!(r["status"], "completed", "{r}");
 }

@@ -115,8 +115,38 @@ pub fn check(config: &crate::KernelConfig) -> Vec<String> {
             config.text_chars_max
         ));
     }
+    defects.extend(check_fleet(config));
     defects
 }
+
+/// The fleet's timings: a lease the store takes, renewed well inside it;
+/// a stop bound the watcher's polls fit in many times.
+fn check_fleet(config: &crate::KernelConfig) -> Vec<String> {
+    let mut defects = Vec::new();
+    let lease = config.fleet_lease_ms;
+    if !(FLEET_LEASE_MS_MIN..=tether_store::lease::LEASE_MS_MAX).contains(&lease) {
+        defects.push(format!(
+            "fleet.lease_ms = {lease}: must be between {FLEET_LEASE_MS_MIN} and {}",
+            tether_store::lease::LEASE_MS_MAX
+        ));
+    }
+    let bound = config.stop_bound_ms;
+    if !(STOP_BOUND_MS_MIN..=STOP_BOUND_MS_MAX).contains(&bound) {
+        defects.push(format!(
+            "fleet.stop_bound_ms = {bound}: must be between {STOP_BOUND_MS_MIN} and {STOP_BOUND_MS_MAX}"
+        ));
+    }
+    defects
+}
+
+/// Shortest fleet lease, ms (renewed every third, so every ~330 ms).
+pub const FLEET_LEASE_MS_MIN: u64 = 1_000;
+/// Shortest stop bound, ms: five of PostgreSQL's fallback polls.
+pub const STOP_BOUND_MS_MIN: u64 = 100;
+/// Longest stop bound, ms.
+pub const STOP_BOUND_MS_MAX: u64 = 60_000;
+const _: () = assert!(FLEET_LEASE_MS_MIN >= tether_store::lease::LEASE_MS_MIN);
+const _: () = assert!(STOP_BOUND_MS_MIN >= 5 * tether_store::postgres::PG_CHANGE_POLL_MS);
 
 /// The defects of one global bound and its per-principal bound.
 pub fn check_pair(global: &Bound, per: &Bound, limit: usize) -> Vec<String> {

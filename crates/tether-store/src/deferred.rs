@@ -125,6 +125,18 @@ impl Store for DeferredStore {
     fn change_token(&self) -> Result<u64, StoreError> {
         self.store()?.change_token()
     }
+    fn leases(&self) -> Result<crate::Leases, StoreError> {
+        self.store()?.leases()
+    }
+    fn wait_change(&self, timeout: std::time::Duration) {
+        match self.seated.get() {
+            Some(s) => s.wait_change(timeout),
+            None => std::thread::sleep(timeout),
+        }
+    }
+    fn change_poll_ms(&self) -> u64 {
+        self.seated.get().map_or(2, |s| s.change_poll_ms())
+    }
 }
 
 #[cfg(test)]

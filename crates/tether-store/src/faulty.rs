@@ -116,4 +116,14 @@ impl Store for FaultyStore {
         self.read_check()?;
         self.inner.change_token()
     }
+    fn leases(&self) -> Result<crate::Leases, StoreError> {
+        self.read_check()?;
+        self.inner.leases()
+    }
+    fn wait_change(&self, timeout: std::time::Duration) {
+        self.inner.wait_change(timeout);
+    }
+    fn change_poll_ms(&self) -> u64 {
+        self.inner.change_poll_ms()
+    }
 }

@@ -49,6 +49,7 @@ pub mod chain;
 pub mod checkpoint;
 pub mod deferred;
 pub mod faulty;
+pub mod lease;
 mod memory;
 pub mod postgres;
 mod prepare;
@@ -59,6 +60,7 @@ pub mod verify;
 mod writer;
 
 pub use chain::{GENESIS_PREV_HASH, MAX_BODY_DEPTH, MAX_ENTRY_BYTES};
+pub use lease::{LeaseDraft, LeaseHeld, LeaseOp, LeaseRow, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgStore, PG_SCHEMA_VERSION};
 pub use prepare::MAX_ITEMS_PER_COMMIT;
@@ -336,6 +338,10 @@ pub struct Commit {
     /// events (insert or overwrite by `invocation_id`): stored once, in the
     /// chain, and only indexed here. Applied after `invocations`.
     pub invocation_refs: Vec<InvocationRef>,
+    /// Leases to take, renew or give up (see [`lease`]): decided before
+    /// anything of the commit is written; one held by another live holder
+    /// fails the commit with [`StoreError::LeaseHeld`].
+    pub leases: Vec<LeaseDraft>,
 }
 
 /// One approval record, stored whole: the kernel's state machine writes the
@@ -448,6 +454,10 @@ pub enum StoreError {
     /// [`BudgetCap`]); nothing of the commit was stored.
     #[error("store refused a budget draw: {0}")]
     BudgetExceeded(BudgetExceeded),
+    /// A lease of the commit is held by another live holder (see
+    /// [`lease`]); nothing of the commit was stored.
+    #[error("store refused a lease: {0}")]
+    LeaseHeld(LeaseHeld),
 }
 
 impl StoreError {
@@ -575,4 +585,27 @@ pub trait Store: Send + Sync + 'static {
     /// process or another one on the same store) since it was last read. The
     /// governed-stop watcher polls it and re-reads the latches only on change.
     fn change_token(&self) -> Result<u64, StoreError>;
+
+    /// Every lease the store holds, with the store's clock (see [`lease`]).
+    /// A backend that keeps none says so: nothing may be judged free on it.
+    fn leases(&self) -> Result<Leases, StoreError> {
+        Err(StoreError::Unsupported(
+            "this store keeps no leases (device ownership)".into(),
+        ))
+    }
+
+    /// Waits until a commit may have landed (from any process) or `timeout`
+    /// has passed, whichever is first; the governed-stop watcher calls it
+    /// between reads of [`Store::change_token`]. The provided version
+    /// sleeps `timeout`; a backend that can be told of commits (PostgreSQL's
+    /// `LISTEN`) returns as soon as one is announced.
+    fn wait_change(&self, timeout: std::time::Duration) {
+        std::thread::sleep(timeout);
+    }
+
+    /// How long [`Store::wait_change`] may wait between reads: the poll
+    /// interval of the governed-stop watcher on this backend, ms.
+    fn change_poll_ms(&self) -> u64 {
+        2
+    }
 }

@@ -41,6 +41,8 @@ struct State {
     approval_versions: HashMap<String, u64>,
     /// Invocation records by id, as SQLite stores them.
     invocations: HashMap<String, StoredInvocation>,
+    /// Leases by key (see [`crate::lease`]).
+    leases: BTreeMap<String, crate::LeaseRow>,
 }
 
 /// An invocation's record: its canonical text, or the `seq` of the entry
@@ -133,6 +135,11 @@ impl Backend for MemoryBackend {
                 results.push(Err(conflict));
                 continue;
             }
+            if let Err(held) = crate::lease::decide_all(&st.leases, &c.leases, ts_ms) {
+                results.push(Err(held));
+                continue;
+            }
+            crate::lease::apply_all(&mut st.leases, &c.leases, ts_ms);
             results.push(Ok(st.apply(c, ts_ms, &mut self.scratch)));
         }
         Ok(())
@@ -455,6 +462,14 @@ impl Store for MemoryStore {
 
     fn change_token(&self) -> Result<u64, StoreError> {
         Ok(lock(&self.state).version)
+    }
+
+    fn leases(&self) -> Result<crate::Leases, StoreError> {
+        let st = lock(&self.state);
+        Ok(crate::Leases {
+            rows: st.leases.values().cloned().collect(),
+            now_ms: tether_core::receipt::now_ms(),
+        })
     }
 
     fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {

@@ -24,11 +24,13 @@
 //! | `head` | the chain head and the `chain_head` row |
 //! | `apply` | the writer's backend: one transaction per batch |
 //! | `read` | the `Store` queries and the chain export |
+//! | `listen` | `LISTEN tether_change`: wakes the governed-stop watcher |
 //! | `verify` | `audit verify` of a PostgreSQL store |
 
 mod apply;
 mod conn;
 mod head;
+mod listen;
 mod read;
 mod schema;
 mod verify;
@@ -61,7 +63,18 @@ pub struct PgStore {
     writer: Writer,
     reads: SyncSender<ReadJob>,
     shown: String,
+    changes: std::sync::Arc<listen::Changes>,
 }
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.changes.close();
+    }
+}
+
+/// Poll interval of the governed-stop watcher on PostgreSQL, ms: the
+/// fallback behind `LISTEN`, which wakes it at once for a trip.
+pub const PG_CHANGE_POLL_MS: u64 = 20;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,6 +104,7 @@ impl PgStore {
     pub fn open(url: &str) -> Result<Self, StoreError> {
         let target = PgTarget::parse(url)?;
         let shown = target.shown.clone();
+        let listen_target = target.clone();
         let (writer_conn, reader_conn, head) = on_own_thread(move || {
             let mut w = PgConn::connect(target.clone())?;
             schema::check_version(&mut w)?;
@@ -110,10 +124,14 @@ impl PgStore {
             })
             .map_err(|e| StoreError::Io(format!("cannot start the store reader thread: {e}")))?;
         let writer = Writer::spawn(apply::PgBackend::new(writer_conn, head), "tether-pg-writer")?;
+        let changes = std::sync::Arc::new(listen::Changes::default());
+        listen::spawn(listen_target, std::sync::Arc::clone(&changes))
+            .map_err(|e| StoreError::Io(format!("cannot start the store listener thread: {e}")))?;
         Ok(Self {
             writer,
             reads,
             shown,
+            changes,
         })
     }
 

@@ -51,6 +51,8 @@ pub(crate) struct Prepared {
     /// `(invocation_id, info_json)`.
     pub invocations: Vec<(String, String)>,
     pub invocation_refs: Vec<crate::InvocationRef>,
+    /// Each lease draft with its info as JSON text (empty for a release).
+    pub leases: Vec<(crate::LeaseDraft, String)>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -254,7 +256,9 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         .collect::<Result<_, StoreError>>()?;
     let invocations = prepare_invocations(&c.invocations, copy)?;
     check_invocation_refs(&c.invocation_refs, c.events.len())?;
+    let leases = prepare_leases(&c.leases)?;
     Ok(Prepared {
+        leases,
         approvals,
         events,
         receipts,
@@ -267,6 +271,21 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
         invocations,
         invocation_refs: c.invocation_refs.clone(),
     })
+}
+
+/// Each lease draft checked, with its info serialised.
+fn prepare_leases(drafts: &[crate::LeaseDraft]) -> Result<Vec<(crate::LeaseDraft, String)>, StoreError> {
+    crate::lease::check_drafts(drafts)?;
+    drafts
+        .iter()
+        .map(|d| {
+            let info = match &d.op {
+                crate::LeaseOp::Hold { info, .. } => bounded_json(info, "lease info")?,
+                crate::LeaseOp::Release => String::new(),
+            };
+            Ok((d.clone(), info))
+        })
+        .collect()
 }
 
 /// `rows` copied with `copy`, else empty (for [`prepare_owned`] to move in).
@@ -292,6 +311,7 @@ fn check_counts(c: &Commit) -> Result<(), StoreError> {
         ("approvals", c.approvals.len()),
         ("invocations", c.invocations.len()),
         ("invocation_refs", c.invocation_refs.len()),
+        ("leases", c.leases.len()),
     ];
     for (what, n) in counts {
         if n > MAX_ITEMS_PER_COMMIT {

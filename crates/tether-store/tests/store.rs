@@ -85,6 +85,7 @@ fn full_commit(id: &str) -> Commit {
         }],
         budget_draws: vec![budget(&format!("r-{id}"), 1_000)],
         budget_releases: vec![],
+        leases: vec![],
         open_ops: vec![tether_store::OpenOp {
             command_id: format!("{id}-open"),
             info: json!({"device_id": "dev1"}),

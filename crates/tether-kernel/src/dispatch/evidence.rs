@@ -121,8 +121,24 @@ impl Kernel {
 /// left by a crash gets a crashed finish and an `unknown` receipt under its
 /// idempotency key (so a replay of its command id says so, and never runs it
 /// again).
-pub(crate) fn reconcile_orphans(store: &dyn tether_store::Store) -> Result<usize, StoreError> {
-    let orphans = store.open_ops()?;
+///
+/// An operation written by an endpoint still alive on the store (`live`:
+/// its lease holds) is its own to finish and is left alone; one without an
+/// instance (written before leases) is reconciled, as before.
+pub(crate) fn reconcile_orphans(
+    store: &dyn tether_store::Store,
+    live: &std::collections::HashSet<String>,
+) -> Result<usize, StoreError> {
+    let orphans: Vec<_> = store
+        .open_ops()?
+        .into_iter()
+        .filter(|op| {
+            op.info
+                .get("instance")
+                .and_then(serde_json::Value::as_str)
+                .is_none_or(|i| !live.contains(i))
+        })
+        .collect();
     let count = orphans.len();
     let mut revisions = store.revisions()?;
     for op in orphans {

@@ -185,6 +185,7 @@ fn prepend(commit: &mut Commit, parts: Commit) {
         approvals,
         invocations,
         invocation_refs,
+        leases,
     } = parts;
     let shift = events.len();
     for r in &mut commit.receipts {
@@ -207,6 +208,7 @@ fn prepend(commit: &mut Commit, parts: Commit) {
     commit.closed_ops.extend(closed_ops);
     commit.approvals.extend(approvals);
     commit.invocations.extend(invocations);
+    commit.leases.extend(leases);
 }
 
 #[cfg(test)]

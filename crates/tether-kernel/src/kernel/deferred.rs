@@ -130,7 +130,11 @@ pub struct DeferredStart {
 
 /// Whether a store error is an integrity defect (never healed by waiting).
 fn integrity(e: &StoreError) -> bool {
-    matches!(e, StoreError::Corrupt(_) | StoreError::Unsupported(_))
+    // A device another live endpoint owns is one too: the start refuses.
+    matches!(
+        e,
+        StoreError::Corrupt(_) | StoreError::Unsupported(_) | StoreError::LeaseHeld(_)
+    )
 }
 
 impl Kernel {
@@ -190,13 +194,20 @@ impl Kernel {
         loop {
             let waited_out = match &*phase {
                 Phase::Open => return Ok(None),
-                Phase::Failed(e) if integrity(e) => return Err(StartError::Store(e.clone())),
+                Phase::Failed(e) if integrity(e) => {
+                    return Err(crate::kernel::fleet::owned_error(StartError::Store(
+                        e.clone(),
+                    )))
+                }
                 Phase::Failed(e) => Some(e.to_string()),
                 Phase::Opening => (t0.elapsed() >= Duration::from_millis(START_OPEN_WAIT_MS))
                     .then(|| format!("the store did not open within {START_OPEN_WAIT_MS} ms")),
                 Phase::Restoring => {
                     let since = *restoring_since.get_or_insert_with(Instant::now);
-                    (since.elapsed() >= Duration::from_millis(START_RESTORE_WAIT_MS)).then(|| {
+                    // A start told to wait for its devices waits that long too.
+                    let wait = START_RESTORE_WAIT_MS
+                        .saturating_add(self.inner.config.wait_for_devices_ms);
+                    (since.elapsed() >= Duration::from_millis(wait)).then(|| {
                         format!("the store opened but its state was not restored and recorded within {START_RESTORE_WAIT_MS} ms (locked by another process?)")
                     })
                 }

@@ -6,7 +6,8 @@
 //! The rest of the object lives beside it: `principal.rs` (who asks),
 //! `device.rs` (a device at run time, its compiled schemas and latch),
 //! `start.rs` (settings, start errors, `Kernel::new` and the restore),
-//! `deferred.rs` (a start on a store that cannot be opened yet).
+//! `deferred.rs` (a start on a store that cannot be opened yet), `fleet.rs`
+//! (the leases: this endpoint among the others on one store).
 //! **Never belongs here:** any step of the evaluation order (`order.rs` and
 //! the stage folders), SQL (`tether-store`).
 //! **Fail-closed rule:** a commit the store drops without answering is a
@@ -15,10 +16,12 @@
 
 pub(crate) mod deferred;
 mod device;
+pub(crate) mod fleet;
 mod principal;
 mod start;
 
 pub use deferred::{DeferredStart, OpenStore, StoreOpener};
+pub use fleet::{FleetLease, FLEET_LEASE_MS_DEFAULT};
 pub(crate) use device::{
     answer_margin, binding_rt, compile, BindingRt, DeviceRt, LatchInfo, RunningOp,
     ANSWER_MARGIN_MS_MAX, ESTOP_BUDGET_MS_DEFAULT,
@@ -69,6 +72,11 @@ pub(crate) struct Inner {
     /// Whether the store is open (an endpoint started without it serves
     /// tripped until it opens: `deferred.rs`).
     pub store_open: deferred::OpenState,
+    /// This process's id on the store (the holder of its leases, written
+    /// into its open operations).
+    pub instance: String,
+    /// What this endpoint knows of the fleet.
+    pub fleet: fleet::FleetState,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).

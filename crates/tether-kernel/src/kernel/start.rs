@@ -71,6 +71,22 @@ pub struct KernelConfig {
     /// Longest free text (reasons) a caller may hand the kernel, characters:
     /// longer is refused, except an e-stop's or a disarm's, which is cut.
     pub text_chars_max: usize,
+    /// This host's name, as other endpoints of the fleet are told it.
+    pub host: String,
+    /// Whether this endpoint takes leases on its store (its own, and one
+    /// per `hardware` or `hybrid` device: `kernel/fleet.rs`). Off only for
+    /// kernels that share a process and a store in tests.
+    pub claim_devices: bool,
+    /// How long the leases last without a renewal, ms: an endpoint that
+    /// dies leaves its devices to another after at most this.
+    pub fleet_lease_ms: u64,
+    /// How long a start waits for a device another endpoint owns before
+    /// it refuses, ms (0: refuse at once).
+    pub wait_for_devices_ms: u64,
+    /// The governed stop's guaranteed bound, ms: an endpoint that cannot
+    /// read the stop for longer aborts its physical calls and refuses new
+    /// ones until it can.
+    pub stop_bound_ms: u64,
 }
 
 impl KernelConfig {
@@ -91,6 +107,11 @@ impl KernelConfig {
             permits_max: crate::bounds::PERMITS_MAX_DEFAULT,
             permits_per_principal_max: crate::bounds::PERMITS_PER_PRINCIPAL_MAX_DEFAULT,
             text_chars_max: crate::bounds::TEXT_CHARS_MAX_DEFAULT,
+            host: crate::kernel::fleet::this_host(),
+            claim_devices: true,
+            fleet_lease_ms: crate::kernel::fleet::FLEET_LEASE_MS_DEFAULT,
+            wait_for_devices_ms: 0,
+            stop_bound_ms: crate::safety::governed::STOP_BOUND_MS_DEFAULT,
         }
     }
 }
@@ -116,6 +137,14 @@ pub enum StartError {
     /// A bound per caller is out of range, or lets one principal reach the
     /// endpoint's bound alone (each defect, naming its config key).
     Bounds(Vec<String>),
+    /// A `hardware` or `hybrid` device is owned by another live endpoint of
+    /// the fleet (its lease on the store holds).
+    DeviceOwned {
+        /// The device.
+        device: String,
+        /// The owner, as it described itself.
+        owner: String,
+    },
 }
 
 impl std::fmt::Display for StartError {
@@ -132,6 +161,10 @@ impl std::fmt::Display for StartError {
             StartError::Store(e) => write!(f, "evidence store: {e}"),
             StartError::Policy(e) => write!(f, "{e}"),
             StartError::Bounds(d) => write!(f, "bounds: {}", d.join("; ")),
+            StartError::DeviceOwned { device, owner } => write!(
+                f,
+                "device `{device}` is owned by {owner}: one endpoint drives a physical device at a time (stop that endpoint, wait for its lease to lapse, or start with --wait-for-devices)"
+            ),
         }
     }
 }
@@ -153,7 +186,9 @@ impl Kernel {
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
         let kernel = Self::assemble(config, cell, drivers, Arc::clone(&store))?;
-        kernel.restore_from(store.as_ref(), None)?;
+        kernel
+            .restore_from(store.as_ref(), None)
+            .map_err(crate::kernel::fleet::owned_error)?;
         Ok(kernel)
     }
 
@@ -196,6 +231,8 @@ impl Kernel {
                 stop_watch: governed::WatchHealth::default(),
                 store_health: crate::safety::health::StoreHealth::default(),
                 store_open: crate::kernel::deferred::OpenState::default(),
+                instance: tether_core::ids::mint("inst_"),
+                fleet: crate::kernel::fleet::FleetState::default(),
             }),
         })
     }
@@ -212,7 +249,11 @@ impl Kernel {
         store: &dyn Store,
         start_fault: Option<&str>,
     ) -> Result<(), StartError> {
-        crate::dispatch::evidence::reconcile_orphans(store).map_err(StartError::Store)?;
+        // Leases first: only an owner reconciles, and only the operations
+        // of endpoints no longer alive.
+        self.claim_fleet(store)?;
+        let live = self.live_others(store)?;
+        crate::dispatch::evidence::reconcile_orphans(store, &live).map_err(StartError::Store)?;
         let latches = store.latches().map_err(StartError::Store)?;
         let revisions = store.revisions().map_err(StartError::Store)?;
         for dev in &self.inner.devices {

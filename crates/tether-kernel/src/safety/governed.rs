@@ -20,13 +20,19 @@ use std::time::{Duration, Instant};
 use tether_core::receipt::now_ms;
 use tether_store::{Commit, EventDraft, LatchRow};
 
-/// Poll interval of the watcher, ms.
+/// Poll interval of the watcher on a local store, ms (PostgreSQL's is its
+/// own, behind `LISTEN`: `Store::change_poll_ms`).
 pub const STOP_POLL_MS: u64 = 2;
-/// A watcher that has not read the store for this long counts as unable to.
-pub const STOP_STALE_MS: u64 = 250;
+/// The default guaranteed bound of the governed stop, ms: a watcher that
+/// has not read the store for this long counts as unable to
+/// (`KernelConfig::stop_bound_ms`).
+pub const STOP_BOUND_MS_DEFAULT: u64 = 250;
+/// How often the guard looks at the watcher, per bound.
+const GUARD_TICKS_PER_BOUND: u64 = 10;
 
 // Stale means many polls missed, never one slow poll.
-const _: () = assert!(STOP_STALE_MS >= 10 * STOP_POLL_MS);
+const _: () = assert!(STOP_BOUND_MS_DEFAULT >= 10 * STOP_POLL_MS);
+const _: () = assert!(crate::bounds::STOP_BOUND_MS_MIN / GUARD_TICKS_PER_BOUND >= 1);
 /// How often, at most, the watcher merges approval writes.
 const APPROVAL_SYNC: Duration = Duration::from_millis(crate::approvals::APPROVAL_SYNC_MS);
 /// The latch row that stands for every device.
@@ -119,6 +125,8 @@ pub struct WatchHealth {
     running: AtomicBool,
     unreadable: AtomicBool,
     last_ok_ms: AtomicU64,
+    /// The bound, ms (set when the watcher starts).
+    bound_ms: AtomicU64,
 }
 
 impl WatchHealth {
@@ -130,7 +138,8 @@ impl WatchHealth {
             return true;
         }
         !self.unreadable.load(Ordering::SeqCst)
-            && now_ms().saturating_sub(self.last_ok_ms.load(Ordering::SeqCst)) <= STOP_STALE_MS
+            && now_ms().saturating_sub(self.last_ok_ms.load(Ordering::SeqCst))
+                <= self.bound_ms.load(Ordering::SeqCst)
     }
 }
 
@@ -138,12 +147,13 @@ impl WatchHealth {
 pub struct StopWatcher {
     stop: Arc<AtomicBool>,
     handle: Option<std::thread::JoinHandle<()>>,
+    guard: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for StopWatcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.handle.take() {
+        for h in [self.handle.take(), self.guard.take()].into_iter().flatten() {
             let _ = h.join();
         }
     }
@@ -194,18 +204,41 @@ impl Kernel {
             .stop_watch
             .last_ok_ms
             .store(now_ms(), Ordering::SeqCst);
-        kernel
-            .inner
-            .stop_watch
-            .running
-            .store(true, Ordering::SeqCst);
+        let health = &kernel.inner.stop_watch;
+        health
+            .bound_ms
+            .store(kernel.inner.config.stop_bound_ms, Ordering::SeqCst);
+        health.running.store(true, Ordering::SeqCst);
         let handle = std::thread::Builder::new()
             .name("tether-stop-watch".into())
             .spawn(move || kernel.watch_loop(&flag, &runtime))?;
+        let kernel = self.clone();
+        let flag = stop.clone();
+        let guard = std::thread::Builder::new()
+            .name("tether-stop-guard".into())
+            .spawn(move || kernel.guard_loop(&flag))?;
         Ok(StopWatcher {
             stop,
             handle: Some(handle),
+            guard: Some(guard),
         })
+    }
+
+    /// The bound kept whatever the store does: a watcher stuck in a read
+    /// (a cut link, a stopped database) cannot notice its own silence, so
+    /// this thread does, and aborts the physical calls once the stop has
+    /// gone unread for longer than the bound.
+    fn guard_loop(&self, stop: &AtomicBool) {
+        let tick = Duration::from_millis(
+            (self.inner.config.stop_bound_ms / GUARD_TICKS_PER_BOUND).max(1),
+        );
+        // Runs for the life of the endpoint; each round sleeps one tick.
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(tick);
+            if !self.inner.stop_watch.readable() {
+                self.stop_unreadable("the governed stop was not read within its bound");
+            }
+        }
     }
 
     fn watch_loop(&self, stop: &AtomicBool, runtime: &tokio::runtime::Handle) {
@@ -213,8 +246,10 @@ impl Kernel {
         let mut approvals_synced = Instant::now();
         let mut approvals_behind = false;
         // Runs for the life of the endpoint; each round sleeps one poll interval.
+        let poll = Duration::from_millis(self.inner.store.change_poll_ms().max(1));
         while !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(STOP_POLL_MS));
+            // Woken early by a backend that hears of commits (LISTEN).
+            self.inner.store.wait_change(poll);
             let health = &self.inner.stop_watch;
             let token = match self.inner.store.change_token() {
                 Ok(t) => t,

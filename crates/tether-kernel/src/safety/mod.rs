@@ -3,7 +3,8 @@
 //! (`governed.rs`), reset (`reset.rs`), arming (`arming.rs`), single-use
 //! safe-place grants (`grants.rs`), the safety status (`status.rs`), device
 //! links and the link-loss latch (`link.rs`) and the endpoint's health
-//! (`health.rs`, `GET /healthz`).
+//! (`health.rs`, `GET /healthz`), and the e-stop of a device another endpoint
+//! of the fleet serves (`fleet_stop.rs`).
 //!
 //! **Owns:** everything that stops, and everything that may undo a stop.
 //! **Never belongs here:** the latch *check* of the evaluation order
@@ -16,6 +17,7 @@
 
 pub(crate) mod arming;
 pub(crate) mod estop;
+pub(crate) mod fleet_stop;
 pub mod governed;
 pub(crate) mod grants;
 pub(crate) mod health;

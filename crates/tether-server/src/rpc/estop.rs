@@ -102,11 +102,14 @@ fn estop_request(
     principal: &Principal,
     params: &Value,
     kernel: &Kernel,
-) -> (EstopRequest, Option<ApiError>) {
+) -> (EstopRequest, Vec<String>, Option<ApiError>) {
     let mut ids = Vec::new();
+    let mut fleet = Vec::new();
     let mut error = None;
     let mut add = |v: &Value| match v.as_str() {
         Some(id) if kernel.device_ids().iter().any(|d| d == id) => ids.push(id.to_owned()),
+        // Served by another endpoint of the fleet: tripped through the store.
+        Some(id) if kernel.fleet_owner_of(id).is_some() => fleet.push(id.to_owned()),
         Some(id) => {
             error = Some(ApiError::new(
                 Code::DeviceUnknown,
@@ -146,6 +149,7 @@ fn estop_request(
                 .and_then(Value::as_u64)
                 .and_then(deadline_from_ms),
         },
+        fleet,
         error,
     )
 }
@@ -160,7 +164,18 @@ pub(super) async fn serve_estop(
     if let Some(defect) = estop_params_defect(params) {
         return Err(serve_estop_with_defective_params(kernel, p, params, defect).await);
     }
-    let (req, error) = estop_request(p, params, kernel);
+    let (req, fleet, error) = estop_request(p, params, kernel);
+    if !fleet.is_empty() {
+        // Devices of other endpoints first (their owners stop them); then
+        // this endpoint's own, whose receipt carries the fleet's.
+        let remote = kernel.estop_fleet(&fleet, &req.reason, Some(p)).await;
+        if req.device_ids.is_empty() {
+            return Ok(remote);
+        }
+        let mut local = kernel.estop(req).await;
+        local["fleet"] = remote;
+        return Ok(local);
+    }
     match error {
         Some(e) if req.device_ids.is_empty() => Err(e),
         _ => Ok(kernel.estop(req).await),

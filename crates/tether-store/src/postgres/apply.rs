@@ -189,18 +189,36 @@ impl PgBackend {
                 results.push(Err(e));
                 continue;
             }
+            if !c.leases.is_empty() {
+                // Decided and written at once, under the head lock: a later
+                // commit of the batch sees this one's leases.
+                if let Err(e) = self.apply_leases(c)? {
+                    results.push(Err(e));
+                    continue;
+                }
+            }
             results.push(self.plan_commit(c, ts_ms, &mut known, &mut plan));
         }
         // A failure to plan (a number out of range) fails the batch.
         if let Some(Err(e)) = results.iter().find(|r| {
             !matches!(
                 r,
-                Ok(_) | Err(StoreError::Conflict(_) | StoreError::BudgetExceeded(_))
+                Ok(_)
+                    | Err(
+                        StoreError::Conflict(_)
+                            | StoreError::BudgetExceeded(_)
+                            | StoreError::LeaseHeld(_)
+                    )
             )
         }) {
             return Err(e.clone());
         }
         write_plan(&mut self.pg, &plan)?;
+        if announce(batch, results) {
+            // Wakes the governed-stop watchers of every endpoint (LISTEN),
+            // delivered only if this transaction commits.
+            self.pg.batch("NOTIFY tether_change")?;
+        }
         let (seq, hash) = (to_db(self.head.seq)?, self.head.hash.clone());
         self.pg.execute(
             "UPDATE chain_head SET seq = $1, hash = $2, batches = batches + 1 WHERE id = 1",
@@ -395,6 +413,69 @@ impl PgBackend {
             head_hash: self.head.hash.clone(),
         })
     }
+}
+
+impl PgBackend {
+    /// Decides a commit's leases against the stored rows and writes them
+    /// (see [`crate::lease`]); the inner error refuses this commit alone.
+    fn apply_leases(&mut self, c: &Prepared) -> Result<Result<(), StoreError>, StoreError> {
+        let now_rows = self.pg.query(
+            "SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint",
+            &[],
+        )?;
+        let now: i64 = match now_rows.first() {
+            Some(r) => col(r, 0)?,
+            None => return Err(StoreError::Corrupt("the server's clock did not answer".into())),
+        };
+        let now_ms = u64::try_from(now).unwrap_or(0);
+        for (d, _) in &c.leases {
+            let rows = self.pg.query(
+                "SELECT holder, renewed_ms, until_ms, info FROM leases WHERE key = $1 FOR UPDATE",
+                &[&d.key],
+            )?;
+            let stored = match rows.first() {
+                Some(r) => Some(crate::LeaseRow {
+                    key: d.key.clone(),
+                    holder: col(r, 0)?,
+                    renewed_ms: u64::try_from(col::<i64>(r, 1)?).unwrap_or(0),
+                    until_ms: u64::try_from(col::<i64>(r, 2)?).unwrap_or(0),
+                    info: serde_json::from_str(&col::<String>(r, 3)?).unwrap_or_default(),
+                }),
+                None => None,
+            };
+            if let Err(e) = crate::lease::decide_hold(d, stored.as_ref(), now_ms) {
+                return Ok(Err(e));
+            }
+        }
+        for (d, info) in &c.leases {
+            match &d.op {
+                crate::LeaseOp::Hold { lease_ms, .. } => {
+                    let until = to_db(now_ms.saturating_add(*lease_ms))?;
+                    self.pg.execute(
+                        "INSERT INTO leases(key, holder, renewed_ms, until_ms, info) VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT(key) DO UPDATE SET holder = excluded.holder, renewed_ms = excluded.renewed_ms,
+                             until_ms = excluded.until_ms, info = excluded.info",
+                        &[&d.key, &d.holder, &now, &until, info],
+                    )?;
+                }
+                crate::LeaseOp::Release => {
+                    self.pg.execute(
+                        "DELETE FROM leases WHERE key = $1 AND holder = $2",
+                        &[&d.key, &d.holder],
+                    )?;
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+}
+
+/// Whether a batch changed what the governed-stop watchers read: a latch
+/// (a trip, a reset, arming) or an approval stored by one of its commits.
+fn announce(batch: &[Job], results: &[Result<CommitAck, StoreError>]) -> bool {
+    batch.iter().zip(results).any(|(job, r)| {
+        r.is_ok() && (!job.commit.latches.is_empty() || !job.commit.approvals.is_empty())
+    })
 }
 
 /// A commit's budget draws and releases: a release of a reservation drawn

@@ -46,7 +46,7 @@ fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
 /// passfile, never from the URL (a URL shows in `ps` and in config files).
 #[derive(Clone)]
 pub(crate) struct PgTarget {
-    config: Config,
+    pub(crate) config: Config,
     /// The URL as given (it holds no password), for messages.
     pub(crate) shown: String,
 }

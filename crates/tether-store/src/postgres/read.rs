@@ -305,6 +305,46 @@ impl Store for PgStore {
         true
     }
 
+    fn leases(&self) -> Result<crate::Leases, StoreError> {
+        self.call(|pg| {
+            let now = pg.query(
+                "SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint",
+                &[],
+            )?;
+            let now_ms = match now.first() {
+                Some(r) => u64::try_from(col::<i64>(r, 0)?).unwrap_or(0),
+                None => 0,
+            };
+            let rows = pg.query(
+                "SELECT key, holder, renewed_ms, until_ms, info FROM leases ORDER BY key",
+                &[],
+            )?;
+            let rows = rows
+                .iter()
+                .map(|r| {
+                    let key: String = col(r, 0)?;
+                    let info: String = col(r, 4)?;
+                    Ok(crate::LeaseRow {
+                        info: json(&info, "lease info", &key)?,
+                        holder: col(r, 1)?,
+                        renewed_ms: u64::try_from(col::<i64>(r, 2)?).unwrap_or(0),
+                        until_ms: u64::try_from(col::<i64>(r, 3)?).unwrap_or(0),
+                        key,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(crate::Leases { rows, now_ms })
+        })
+    }
+
+    fn wait_change(&self, timeout: std::time::Duration) {
+        self.changes.wait(timeout);
+    }
+
+    fn change_poll_ms(&self) -> u64 {
+        super::PG_CHANGE_POLL_MS
+    }
+
     fn change_token(&self) -> Result<u64, StoreError> {
         // Every batch of every endpoint bumps the counter in the head row.
         self.call(|pg| {

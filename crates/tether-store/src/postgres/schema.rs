@@ -11,7 +11,7 @@ use crate::chain::GENESIS_PREV_HASH;
 use crate::StoreError;
 
 /// Schema version this build reads and writes (the highest migration it knows).
-pub const PG_SCHEMA_VERSION: i32 = 1;
+pub const PG_SCHEMA_VERSION: i32 = 2;
 
 /// Key of the advisory lock two concurrent `migrate` runs serialise on.
 const MIGRATE_LOCK: i64 = 0x7465_7468_6572; // "tether"
@@ -24,8 +24,9 @@ const MIGRATE_LOCK: i64 = 0x7465_7468_6572; // "tether"
 /// every batch locks: it serialises the writers of all endpoints on the
 /// store into one chain, records the head beside the entries (a cut tail is
 /// noticed) and counts commits (the change token).
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
     r#"CREATE TABLE chain_head(
         id integer PRIMARY KEY CHECK (id = 1),
         seq bigint NOT NULL,
@@ -79,7 +80,20 @@ const MIGRATIONS: &[(i32, &str)] = &[(
         seq bigint,
         CHECK ((info IS NULL) <> (seq IS NULL))
     );"#,
-)];
+    ),
+    (
+        2,
+        // Leases (crate::lease): the endpoints alive on the store and the
+        // owner of each physical device, on the database server's clock.
+        r#"CREATE TABLE leases(
+        key text COLLATE "C" PRIMARY KEY,
+        holder text NOT NULL,
+        renewed_ms bigint NOT NULL,
+        until_ms bigint NOT NULL,
+        info text NOT NULL
+    );"#,
+    ),
+];
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()

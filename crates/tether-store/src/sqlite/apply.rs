@@ -208,6 +208,13 @@ fn apply_one(
         }
     }
 
+    if !c.leases.is_empty() {
+        if let Err(held) = decide_leases(conn, &c.leases, ts_ms)? {
+            return Ok(Err(held));
+        }
+        write_leases(conn, &c.leases, ts_ms)?;
+    }
+
     let first_seq = chain.head.seq + 1;
     append_events(chain, &mut hot.insert_event, &c.events, ts_ms)?;
     index_receipts(
@@ -330,6 +337,62 @@ fn budget_over_cap(
         }
     }
     Ok(None)
+}
+
+/// Each lease draft decided against its stored row, under the write lock
+/// (see [`crate::lease`]): the inner error refuses this commit alone.
+fn decide_leases(
+    conn: &Connection,
+    drafts: &[(crate::LeaseDraft, String)],
+    now_ms: u64,
+) -> Result<Result<(), StoreError>, StoreError> {
+    let mut get = conn.prepare_cached(
+        "SELECT holder, renewed_ms, until_ms, info FROM leases WHERE key = ?1",
+    )?;
+    for (d, _) in drafts {
+        let stored = get
+            .query_row([&d.key], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+            })
+            .optional()?
+            .map(|(holder, renewed, until, info)| crate::LeaseRow {
+                key: d.key.clone(),
+                holder,
+                renewed_ms: u64::try_from(renewed).unwrap_or(0),
+                until_ms: u64::try_from(until).unwrap_or(0),
+                info: serde_json::from_str(&info).unwrap_or(serde_json::Value::Null),
+            });
+        if let Err(e) = crate::lease::decide_hold(d, stored.as_ref(), now_ms) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Writes lease drafts already decided.
+fn write_leases(
+    conn: &Connection,
+    drafts: &[(crate::LeaseDraft, String)],
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO leases(key, holder, renewed_ms, until_ms, info) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(key) DO UPDATE SET holder = excluded.holder, renewed_ms = excluded.renewed_ms,
+             until_ms = excluded.until_ms, info = excluded.info",
+    )?;
+    let mut delete = conn.prepare_cached("DELETE FROM leases WHERE key = ?1 AND holder = ?2")?;
+    for (d, info) in drafts {
+        match &d.op {
+            crate::LeaseOp::Hold { lease_ms, .. } => {
+                let until = now_ms.saturating_add(*lease_ms);
+                upsert.execute(params![&d.key, &d.holder, seq_to_db(now_ms)?, seq_to_db(until)?, info])?;
+            }
+            crate::LeaseOp::Release => {
+                delete.execute(params![&d.key, &d.holder])?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Seals each event onto the chain, in order, and inserts its entry.

@@ -317,6 +317,40 @@ impl Store for SqliteStore {
         true
     }
 
+    fn leases(&self) -> Result<crate::Leases, StoreError> {
+        let conn = self.read();
+        let mut st = conn.prepare_cached(
+            "SELECT key, holder, renewed_ms, until_ms, info FROM leases ORDER BY key",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, String>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, holder, renewed, until, info) = row?;
+            let info: Value =
+                serde_json::from_str(&info).map_err(|e| corrupt_json("lease info", &key, e))?;
+            out.push(crate::LeaseRow {
+                renewed_ms: u64_col(renewed, "lease time")?,
+                until_ms: u64_col(until, "lease expiry")?,
+                key,
+                holder,
+                info,
+            });
+        }
+        // The writer's clock is this host's: leases are judged against it.
+        Ok(crate::Leases {
+            rows: out,
+            now_ms: tether_core::receipt::now_ms(),
+        })
+    }
+
     fn change_token(&self) -> Result<u64, StoreError> {
         // data_version moves whenever another connection — this process's
         // writer or another process — committed since the last call.

@@ -9,7 +9,7 @@ use crate::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
@@ -118,6 +118,18 @@ const MIGRATIONS: &[(i64, &str)] = &[
         // the window, inside the transaction that stores it; this keeps
         // that sum one index range, whatever else the journal holds.
         "CREATE INDEX budget_key_ts ON budget(key, ts_ms);",
+    ),
+    (
+        8,
+        // Leases: the endpoints alive on the store and the owner of each
+        // physical device (crate::lease), on the writer's clock.
+        "CREATE TABLE leases(
+        key TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        renewed_ms INTEGER NOT NULL,
+        until_ms INTEGER NOT NULL,
+        info TEXT NOT NULL
+    ) WITHOUT ROWID;",
     ),
 ];
 
