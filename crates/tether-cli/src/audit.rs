@@ -20,11 +20,14 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
             state_dir,
             store,
             since,
-        } => export(&StoreChoice {
+        } => export(
+            &StoreChoice {
                 state_dir,
                 store,
                 ..Default::default()
-            }, since),
+            },
+            since,
+        ),
         AuditAction::Verify {
             state_dir,
             store,
@@ -37,10 +40,10 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
             let keys = given_keys(&pubkey, &pubkey_file)?;
             verify(
                 StoreChoice {
-                state_dir,
-                store,
-                ..Default::default()
-            },
+                    state_dir,
+                    store,
+                    ..Default::default()
+                },
                 file,
                 keys,
                 checkpoint.as_deref(),

@@ -47,7 +47,8 @@ pub enum Command {
         /// [[principals]]: anyone who reaches it can command the devices.
         /// Only for an isolated network; configure principals instead.
         #[arg(long)]
-        insecure_no_auth: bool,        /// A `hardware` or `hybrid` device another live endpoint owns (its
+        insecure_no_auth: bool,
+        /// A `hardware` or `hybrid` device another live endpoint owns (its
         /// lease on the shared store holds): wait up to SECONDS for it
         /// instead of refusing to start (without a value: up to a day).
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "86400")]
@@ -69,7 +70,8 @@ pub enum Command {
         /// Environment variable holding this caller's bearer token (needed
         /// when principals are configured; never pass a token as a flag).
         #[arg(long, value_name = "NAME", default_value = "TETHER_TOKEN")]
-        token_env: String,        /// A `hardware` or `hybrid` device another live endpoint owns (its
+        token_env: String,
+        /// A `hardware` or `hybrid` device another live endpoint owns (its
         /// lease on the shared store holds): wait up to SECONDS for it
         /// instead of refusing to start (without a value: up to a day).
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "86400")]

@@ -202,7 +202,10 @@ fn apply_fleet(
     if let Some(ms) = fleet.stop_bound_ms {
         kernel_config.stop_bound_ms = ms;
     }
-    let wait_s = choice.wait_for_devices_s.or(fleet.wait_for_devices_s).unwrap_or(0);
+    let wait_s = choice
+        .wait_for_devices_s
+        .or(fleet.wait_for_devices_s)
+        .unwrap_or(0);
     if wait_s > WAIT_FOR_DEVICES_S_MAX {
         bail!("--wait-for-devices / fleet.wait_for_devices_s = {wait_s}: at most {WAIT_FOR_DEVICES_S_MAX} seconds");
     }

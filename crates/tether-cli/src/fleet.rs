@@ -91,6 +91,8 @@ fn document(leases: &Leases, latches: &[LatchRow], open_ops: &[OpenOp], shown: &
 
 /// One endpoint: what its lease says, whether it is live, its heartbeat's age.
 fn endpoint_entry(r: &LeaseRow, leases: &Leases, open_ops: &[OpenOp]) -> Value {
+    // A process of this host that is gone is dead whatever its lease says.
+    let gone = tether_kernel::holder_gone(&r.info, &tether_kernel::this_host());
     let mine = open_ops
         .iter()
         .filter(|op| op.info.get("instance").and_then(Value::as_str) == Some(r.holder.as_str()))
@@ -102,7 +104,8 @@ fn endpoint_entry(r: &LeaseRow, leases: &Leases, open_ops: &[OpenOp]) -> Value {
         "pid": r.info.get("pid"),
         "version": r.info.get("version"),
         "devices": r.info.get("devices"),
-        "live": r.live_at(leases.now_ms),
+        "live": r.live_at(leases.now_ms) && !gone,
+        "process_gone": gone,
         "last_heartbeat_ms": r.renewed_ms,
         "heartbeat_age_ms": leases.now_ms.saturating_sub(r.renewed_ms),
         "lease_until_ms": r.until_ms,
@@ -148,16 +151,32 @@ fn print_text(doc: &Value) {
             "  {} owned by {} ({})",
             text(&o["device_id"]),
             text(&o["owner"]),
-            if o["live"] == json!(true) { "live" } else { "lease lapsed" }
+            if o["live"] == json!(true) {
+                "live"
+            } else {
+                "lease lapsed"
+            }
         );
     }
     println!("latches:");
     for l in list("latches") {
-        let state = if l["latched"] == json!(true) { "LATCHED" } else { "released" };
-        println!("  {} {state} ({})", text(&l["device_id"]), text(&l["info"]["reason"]));
+        let state = if l["latched"] == json!(true) {
+            "LATCHED"
+        } else {
+            "released"
+        };
+        println!(
+            "  {} {state} ({})",
+            text(&l["device_id"]),
+            text(&l["info"]["reason"])
+        );
     }
     for a in list("arming") {
-        let state = if a["armed"] == json!(true) { "armed" } else { "DISARMED" };
+        let state = if a["armed"] == json!(true) {
+            "armed"
+        } else {
+            "DISARMED"
+        };
         println!("  {} {state}", text(&a["device_id"]));
     }
     let ops = list("open_operations");

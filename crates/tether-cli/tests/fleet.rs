@@ -23,13 +23,73 @@ use std::time::Duration;
 
 const ARM: &str = "arm-1";
 
-/// A config serving the built-in arm as a `hardware` device.
+/// A config serving the built-in arm as a `hardware` device, with a
+/// policy that lets its motions run without an approval (the default holds
+/// a hardware motion for an operator).
 fn hardware_arm_config(dir: &Path) -> PathBuf {
     let manifest = as_hardware(include_str!("../../tether-drivers/cell/arm-1.toml"));
     std::fs::write(dir.join("arm-hw.toml"), manifest).expect("manifest");
+    std::fs::write(
+        dir.join("allow.cedar"),
+        "permit(principal, action, resource);\n",
+    )
+    .expect("policy");
     let cfg = dir.join("tether.toml");
-    std::fs::write(&cfg, "devices = [\"arm-hw.toml\"]\n").expect("config");
+    std::fs::write(
+        &cfg,
+        "devices = [\"arm-hw.toml\"]\npolicy = \"allow.cedar\"\n",
+    )
+    .expect("config");
     cfg
+}
+
+const AGENT: &str = "fleet-agent-token";
+const OPERATOR: &str = "fleet-operator-token";
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+/// [`hardware_arm_config`] with an agent and an operator, so a hardware
+/// motion (R2: it needs an operator's approval) can run.
+fn hardware_arm_config_with_operator(dir: &Path) -> PathBuf {
+    let cfg = hardware_arm_config(dir);
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    text.push_str(&format!(
+        "\n[[principals]]\nid = \"planner\"\nkind = \"agent\"\ntoken_sha256 = \"{}\"\n\n[[principals]]\nid = \"olga\"\nkind = \"human\"\nroles = [\"operator\"]\ntoken_sha256 = \"{}\"\n",
+        sha256_hex(AGENT),
+        sha256_hex(OPERATOR)
+    ));
+    std::fs::write(&cfg, text).expect("config");
+    cfg
+}
+
+fn result(s: &Server, token: &str, method: &str, params: Value) -> Value {
+    let r = call_with_token(s, token, method, params);
+    assert!(r.get("error").is_none(), "{method}: {r}");
+    r["result"].clone()
+}
+
+/// A session of the agent, and its long motion `id` approved by the
+/// operator (the agent's first try is held; the retry runs).
+fn approved_move(s: &Server, id: &str) -> (String, Value) {
+    let sid = result(s, AGENT, "mhs.session.open", json!({}))["session_id"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    let cmd = long_move(&sid, id);
+    let first = result(s, AGENT, "mhs.command", cmd.clone());
+    let d = assert_rejected(&first, "MHS.SAFETY.APPROVAL_REQUIRED");
+    let approval = d["approval_id"].as_str().expect("approval").to_owned();
+    let decided = result(
+        s,
+        OPERATOR,
+        "mhs.approvals.decide",
+        json!({"approval_id": approval, "decision": "approve", "reason": "fleet test"}),
+    );
+    assert_eq!(decided["status"], "approved", "{decided}");
+    (sid, cmd)
 }
 
 fn fleet_status(state: &Path) -> Value {
@@ -86,9 +146,8 @@ fn wait_moving(s: &Server, sid: &str) {
 fn a_second_owner_is_refused_and_the_next_owner_reconciles_a_dead_owners_motion() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
-    let cfg = hardware_arm_config(dir.path());
+    let cfg = hardware_arm_config_with_operator(dir.path());
     let mut owner = start_with_config(dir.path(), &cfg);
-    assert_eq!(owner.status_of(ARM)["mode"], "hardware");
 
     // The fleet as the store holds it: one live endpoint, owning the arm.
     let status = fleet_status(&state);
@@ -111,7 +170,11 @@ fn a_second_owner_is_refused_and_the_next_owner_reconciles_a_dead_owners_motion(
         OsStr::new("127.0.0.1:0"),
     ]);
     assert_eq!(second.code, Some(2), "{}", second.stderr);
-    assert!(second.stderr.contains("`arm-1` is owned by"), "{}", second.stderr);
+    assert!(
+        second.stderr.contains("`arm-1` is owned by"),
+        "{}",
+        second.stderr
+    );
     assert!(
         second.stderr.contains(&format!("pid {}", owner.pid())),
         "{}",
@@ -119,10 +182,24 @@ fn a_second_owner_is_refused_and_the_next_owner_reconciles_a_dead_owners_motion(
     );
 
     // The owner dies mid-motion.
-    let sid = owner.session();
-    let cmd = long_move(&sid, "fleet-move-1");
-    let sender = send_in_background(&owner, &cmd, Duration::from_secs(5));
-    wait_moving(&owner, &sid);
+    let (sid, cmd) = approved_move(&owner, "fleet-move-1");
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": cmd}).to_string();
+    let addr = owner.addr();
+    let sender = std::thread::spawn(move || {
+        let auth = format!("Authorization: Bearer {AGENT}\r\n");
+        http_post_with(addr, body.as_bytes(), Duration::from_secs(5), &auth)
+    });
+    poll_until("the arm to move", Duration::from_secs(10), || {
+        result(
+            &owner,
+            AGENT,
+            "mhs.resource.read",
+            json!({"session_id": sid, "device_id": ARM, "resource": "joints"}),
+        )["state"]["positions"][0]
+            .as_f64()
+            .is_some_and(|x| x > 0.0)
+    });
     let before = fleet_status(&state);
     let ops = before["open_operations"].as_array().expect("ops");
     assert_eq!(ops.len(), 1, "{before}");
@@ -142,8 +219,11 @@ fn a_second_owner_is_refused_and_the_next_owner_reconciles_a_dead_owners_motion(
     let live = live_endpoints(&after);
     assert_eq!(live.len(), 1, "{after}");
     assert_eq!(live[0]["pid"], next.pid(), "{after}");
-    let sid = next.session();
-    let again = next.command(long_move(&sid, "fleet-move-1"));
+    let sid = result(&next, AGENT, "mhs.session.open", json!({}))["session_id"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    let again = result(&next, AGENT, "mhs.command", long_move(&sid, "fleet-move-1"));
     assert_eq!(again["replayed"], true, "{again}");
     assert_eq!(again["status"], "unknown", "{again}");
 }
@@ -228,11 +308,17 @@ fn an_estop_naming_a_device_another_endpoint_serves_latches_it_there() {
         &[OsStr::new("--config"), thermo.as_os_str()],
     );
     // It learned the fleet's devices from the leases at its start.
-    let stop = other.call("mhs.safety.estop", json!({"device_id": ARM, "reason": "fleet stop test"}));
+    let stop = other.call(
+        "mhs.safety.estop",
+        json!({"device_id": ARM, "reason": "fleet stop test"}),
+    );
     let result = &stop["result"];
     assert_eq!(result["output"]["scope"], "fleet", "{stop}");
     assert_eq!(result["output"]["latch_durable"], true, "{stop}");
-    assert_eq!(result["output"]["served_by"][0]["served_by"], "tether-local", "{stop}");
+    assert_eq!(
+        result["output"]["served_by"][0]["served_by"], "tether-local",
+        "{stop}"
+    );
     poll_until("the owner to latch the arm", Duration::from_secs(5), || {
         owner.status_of(ARM)["latched"] == true
     });

@@ -60,8 +60,8 @@ pub use dispatch::authorized::{Authorized, CallKind};
 pub use dispatch::rider::{Rider, RiderOutcome};
 pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
 pub use kernel::{
-    DeferredStart, FleetLease, Kernel, KernelConfig, OpenStore, Principal, PrincipalKind,
-    StartError, StoreOpener, FLEET_LEASE_MS_DEFAULT,
+    holder_gone, this_host, DeferredStart, FleetLease, Kernel, KernelConfig, OpenStore, Principal,
+    PrincipalKind, StartError, StoreOpener, FLEET_LEASE_MS_DEFAULT,
 };
 pub use request::{
     deadline_from_ms, ApiError, ArmRequest, CommandOptions, CommandRequest, EstopRequest,

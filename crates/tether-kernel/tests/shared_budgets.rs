@@ -111,7 +111,12 @@ async fn endpoint(dir: &Path, mode: &str) -> Endpoint {
     let pump = Arc::new(Pump::default());
     let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
     drivers.insert("pump-1".into(), pump.clone());
-    let k = Kernel::new(KernelConfig::standard("t"), cell, drivers, store.clone()).expect("kernel");
+    // Several kernels in one process stand for endpoint processes here;
+    // leases (one owner per physical device, the live endpoints' open
+    // operations) need a process each: tether-cli/tests/fleet.rs.
+    let mut config = KernelConfig::standard("t");
+    config.claim_devices = false;
+    let k = Kernel::new(config, cell, drivers, store.clone()).expect("kernel");
     let p = Principal::local_agent();
     let sid = k
         .session_open(&p, SessionOpen::default())

@@ -231,10 +231,7 @@ pub(crate) fn check_drafts(drafts: &[LeaseDraft]) -> Result<(), crate::StoreErro
 }
 
 fn short(s: &str) -> &str {
-    let end = s
-        .char_indices()
-        .nth(64)
-        .map_or(s.len(), |(i, _)| i);
+    let end = s.char_indices().nth(64).map_or(s.len(), |(i, _)| i);
     &s[..end]
 }
 

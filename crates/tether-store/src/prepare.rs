@@ -274,7 +274,9 @@ fn prepare_parts(c: &Commit, copy: bool) -> Result<Prepared, StoreError> {
 }
 
 /// Each lease draft checked, with its info serialised.
-fn prepare_leases(drafts: &[crate::LeaseDraft]) -> Result<Vec<(crate::LeaseDraft, String)>, StoreError> {
+fn prepare_leases(
+    drafts: &[crate::LeaseDraft],
+) -> Result<Vec<(crate::LeaseDraft, String)>, StoreError> {
     crate::lease::check_drafts(drafts)?;
     drafts
         .iter()

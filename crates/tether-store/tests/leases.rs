@@ -158,7 +158,10 @@ fn leases_on_postgresql_through_two_endpoints() {
     contract(&a, &b);
     // The rows as PostgreSQL holds them.
     let n = pg::psql_on(&url, "SELECT count(*) FROM leases");
-    assert_eq!(n, "2", "endpoint/A and device/pump-1 (device/arm-1 was given up)");
+    assert_eq!(
+        n, "2",
+        "endpoint/A and device/pump-1 (device/arm-1 was given up)"
+    );
 }
 
 #[test]
@@ -198,5 +201,8 @@ fn on_postgresql_a_trip_wakes_the_other_endpoints_watcher_at_once() {
     assert!(waited < Duration::from_secs(30), "waited {waited:?}");
     assert_ne!(b.change_token().expect("token"), token);
     assert!(b.latches().expect("latches")[0].latched);
-    assert_eq!(b.change_poll_ms(), tether_store::postgres::PG_CHANGE_POLL_MS);
+    assert_eq!(
+        b.change_poll_ms(),
+        tether_store::postgres::PG_CHANGE_POLL_MS
+    );
 }

@@ -205,8 +205,8 @@ impl Kernel {
                 Phase::Restoring => {
                     let since = *restoring_since.get_or_insert_with(Instant::now);
                     // A start told to wait for its devices waits that long too.
-                    let wait = START_RESTORE_WAIT_MS
-                        .saturating_add(self.inner.config.wait_for_devices_ms);
+                    let wait =
+                        START_RESTORE_WAIT_MS.saturating_add(self.inner.config.wait_for_devices_ms);
                     (since.elapsed() >= Duration::from_millis(wait)).then(|| {
                         format!("the store opened but its state was not restored and recorded within {START_RESTORE_WAIT_MS} ms (locked by another process?)")
                     })

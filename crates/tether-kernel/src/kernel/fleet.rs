@@ -25,9 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tether_core::receipt::now_ms;
 use tether_store::lease::{device_key, endpoint_key};
-use tether_store::{
-    Commit, EventDraft, LeaseDraft, LeaseHeld, LeaseOp, Leases, Store, StoreError,
-};
+use tether_store::{Commit, EventDraft, LeaseDraft, LeaseHeld, LeaseOp, Leases, Store, StoreError};
 
 /// Default lease of an endpoint and its devices, ms.
 pub const FLEET_LEASE_MS_DEFAULT: u64 = 5_000;
@@ -54,7 +52,7 @@ pub(crate) struct FleetState {
 
 /// This host's name (the kernel's, from `/proc`; `localhost` when unknown):
 /// a lease holder on the same host whose process is gone is dead at once.
-pub(crate) fn this_host() -> String {
+pub fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -64,7 +62,12 @@ pub(crate) fn this_host() -> String {
 
 /// Who holds a lease, as its holder described itself.
 fn describe(info: &Value, holder: &str) -> String {
-    let s = |k: &str| info.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+    let s = |k: &str| {
+        info.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned()
+    };
     let pid = info.get("pid").and_then(Value::as_u64).unwrap_or(0);
     format!(
         "endpoint `{}` (pid {pid} on host `{}`, instance {holder})",
@@ -75,7 +78,7 @@ fn describe(info: &Value, holder: &str) -> String {
 
 /// Whether a holder that described itself with `info` is a process of this
 /// host that no longer exists (then its lease is dead whatever its expiry).
-fn dead_here(info: &Value, host: &str) -> bool {
+pub fn holder_gone(info: &Value, host: &str) -> bool {
     let same_host = info.get("host").and_then(Value::as_str) == Some(host);
     let pid = info.get("pid").and_then(Value::as_u64);
     match pid {
@@ -93,7 +96,7 @@ pub(crate) fn live_instances(leases: &Leases, host: &str) -> HashSet<String> {
         .rows
         .iter()
         .filter(|r| r.key.starts_with("endpoint/"))
-        .filter(|r| r.live_at(leases.now_ms) && !dead_here(&r.info, host))
+        .filter(|r| r.live_at(leases.now_ms) && !holder_gone(&r.info, host))
         .map(|r| r.holder.clone())
         .collect()
 }
@@ -158,15 +161,18 @@ impl Kernel {
         let wait = Duration::from_millis(self.inner.config.wait_for_devices_ms);
         let mut replaces = HashMap::new();
         let mut said = false;
+        // The leases of endpoints of this host whose process is gone are
+        // given up for them with this start's own.
+        let gone = self.gone_here(store)?;
         // Bounded: each round takes over one more dead holder or waits.
         loop {
-            let held = match self.commit_leases(store, &replaces) {
+            let held = match self.commit_claim(store, &replaces, &gone) {
                 Ok(()) => break,
                 Err(StoreError::LeaseHeld(h)) => h,
                 Err(e) => return Err(StartError::Store(e)),
             };
             let info: Value = serde_json::from_str(&held.info).unwrap_or(Value::Null);
-            if dead_here(&info, &self.inner.config.host) && replaces.len() < TAKEOVERS_MAX {
+            if holder_gone(&info, &self.inner.config.host) && replaces.len() < TAKEOVERS_MAX {
                 replaces.insert(held.key.clone(), held.holder.clone());
                 continue;
             }
@@ -184,6 +190,40 @@ impl Kernel {
         }
         self.inner.fleet.claimed.store(true, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// The start's commit: its leases, and the release of `gone`.
+    fn commit_claim(
+        &self,
+        store: &dyn Store,
+        replaces: &HashMap<String, String>,
+        gone: &[LeaseDraft],
+    ) -> Result<(), StoreError> {
+        let mut leases = self.lease_drafts(replaces);
+        leases.extend(gone.iter().cloned());
+        store
+            .commit_blocking(Commit {
+                leases,
+                ..Commit::default()
+            })
+            .map(|_| ())
+    }
+
+    /// Releases of the `endpoint/` leases whose holder is a process of this
+    /// host that no longer exists.
+    fn gone_here(&self, store: &dyn Store) -> Result<Vec<LeaseDraft>, StartError> {
+        let leases = store.leases().map_err(StartError::Store)?;
+        Ok(leases
+            .rows
+            .iter()
+            .filter(|r| r.key.starts_with("endpoint/") && r.holder != self.inner.instance)
+            .filter(|r| holder_gone(&r.info, &self.inner.config.host))
+            .map(|r| LeaseDraft {
+                key: r.key.clone(),
+                holder: r.holder.clone(),
+                op: LeaseOp::Release,
+            })
+            .collect())
     }
 
     fn commit_leases(

@@ -21,11 +21,11 @@ mod principal;
 mod start;
 
 pub use deferred::{DeferredStart, OpenStore, StoreOpener};
-pub use fleet::{FleetLease, FLEET_LEASE_MS_DEFAULT};
 pub(crate) use device::{
     answer_margin, binding_rt, compile, BindingRt, DeviceRt, LatchInfo, RunningOp,
     ANSWER_MARGIN_MS_MAX, ESTOP_BUDGET_MS_DEFAULT,
 };
+pub use fleet::{holder_gone, this_host, FleetLease, FLEET_LEASE_MS_DEFAULT};
 pub use principal::{Principal, PrincipalKind};
 pub use start::{KernelConfig, StartError};
 

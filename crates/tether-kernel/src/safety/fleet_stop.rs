@@ -34,7 +34,11 @@ impl Kernel {
         reason: &str,
         by: Option<&Principal>,
     ) -> Value {
-        let reason = if reason.is_empty() { "fleet e-stop" } else { reason };
+        let reason = if reason.is_empty() {
+            "fleet e-stop"
+        } else {
+            reason
+        };
         let reason = crate::bounds::cut(reason, self.inner.config.text_chars_max);
         let since = now_ms();
         let owners: Vec<Value> = device_ids
@@ -83,7 +87,9 @@ impl Kernel {
                     return;
                 }
             }
-            tracing::error!("a fleet e-stop could not be made durable; its owners never learned of it");
+            tracing::error!(
+                "a fleet e-stop could not be made durable; its owners never learned of it"
+            );
         });
     }
 }

@@ -153,7 +153,10 @@ pub struct StopWatcher {
 impl Drop for StopWatcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for h in [self.handle.take(), self.guard.take()].into_iter().flatten() {
+        for h in [self.handle.take(), self.guard.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = h.join();
         }
     }
@@ -229,9 +232,8 @@ impl Kernel {
     /// this thread does, and aborts the physical calls once the stop has
     /// gone unread for longer than the bound.
     fn guard_loop(&self, stop: &AtomicBool) {
-        let tick = Duration::from_millis(
-            (self.inner.config.stop_bound_ms / GUARD_TICKS_PER_BOUND).max(1),
-        );
+        let tick =
+            Duration::from_millis((self.inner.config.stop_bound_ms / GUARD_TICKS_PER_BOUND).max(1));
         // Runs for the life of the endpoint; each round sleeps one tick.
         while !stop.load(Ordering::SeqCst) {
             std::thread::sleep(tick);

@@ -204,11 +204,9 @@ impl PgBackend {
             !matches!(
                 r,
                 Ok(_)
-                    | Err(
-                        StoreError::Conflict(_)
-                            | StoreError::BudgetExceeded(_)
-                            | StoreError::LeaseHeld(_)
-                    )
+                    | Err(StoreError::Conflict(_)
+                        | StoreError::BudgetExceeded(_)
+                        | StoreError::LeaseHeld(_))
             )
         }) {
             return Err(e.clone());
@@ -425,7 +423,11 @@ impl PgBackend {
         )?;
         let now: i64 = match now_rows.first() {
             Some(r) => col(r, 0)?,
-            None => return Err(StoreError::Corrupt("the server's clock did not answer".into())),
+            None => {
+                return Err(StoreError::Corrupt(
+                    "the server's clock did not answer".into(),
+                ))
+            }
         };
         let now_ms = u64::try_from(now).unwrap_or(0);
         for (d, _) in &c.leases {

@@ -27,7 +27,7 @@ const MIGRATE_LOCK: i64 = 0x7465_7468_6572; // "tether"
 const MIGRATIONS: &[(i32, &str)] = &[
     (
         1,
-    r#"CREATE TABLE chain_head(
+        r#"CREATE TABLE chain_head(
         id integer PRIMARY KEY CHECK (id = 1),
         seq bigint NOT NULL,
         hash text NOT NULL,

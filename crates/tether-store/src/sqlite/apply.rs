@@ -346,13 +346,17 @@ fn decide_leases(
     drafts: &[(crate::LeaseDraft, String)],
     now_ms: u64,
 ) -> Result<Result<(), StoreError>, StoreError> {
-    let mut get = conn.prepare_cached(
-        "SELECT holder, renewed_ms, until_ms, info FROM leases WHERE key = ?1",
-    )?;
+    let mut get = conn
+        .prepare_cached("SELECT holder, renewed_ms, until_ms, info FROM leases WHERE key = ?1")?;
     for (d, _) in drafts {
         let stored = get
             .query_row([&d.key], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
             })
             .optional()?
             .map(|(holder, renewed, until, info)| crate::LeaseRow {
@@ -385,7 +389,13 @@ fn write_leases(
         match &d.op {
             crate::LeaseOp::Hold { lease_ms, .. } => {
                 let until = now_ms.saturating_add(*lease_ms);
-                upsert.execute(params![&d.key, &d.holder, seq_to_db(now_ms)?, seq_to_db(until)?, info])?;
+                upsert.execute(params![
+                    &d.key,
+                    &d.holder,
+                    seq_to_db(now_ms)?,
+                    seq_to_db(until)?,
+                    info
+                ])?;
             }
             crate::LeaseOp::Release => {
                 delete.execute(params![&d.key, &d.holder])?;
