@@ -198,7 +198,11 @@ fn endpoints_sharing_a_state_directory_run_an_id_once_and_keep_one_disarm() {
     let cfg = write_config(dir.path(), &relay_manifest("hardware", ""), "");
     let sim_dir = dir.path().join("sim");
     std::fs::create_dir_all(&sim_dir).expect("dir");
-    let sim_cfg = write_config(&sim_dir, &relay_manifest("simulated", ""), "");
+    let simulated = include_str!("../../tether-drivers/cell/relay-1.toml").replace(
+        "device_id = \"relay-1\"",
+        &format!("device_id = \"{RELAY}\""),
+    );
+    let sim_cfg = write_config(&sim_dir, &simulated, "");
     let mut a = start_with_config(dir.path(), &cfg);
     let b = Server::start_with(
         Transport::Http,

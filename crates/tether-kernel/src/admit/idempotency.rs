@@ -41,6 +41,10 @@ pub struct Index {
     order: VecDeque<Arc<str>>,
     capacity: usize,
     complete: bool,
+    /// Whether this endpoint is the only one on its store: another one may
+    /// have run an id since this index was loaded, so with company a miss
+    /// asks the store (`kernel/fleet.rs` keeps this current).
+    alone: bool,
 }
 
 impl Index {
@@ -54,7 +58,13 @@ impl Index {
             order: VecDeque::with_capacity(capacity.saturating_add(1)),
             capacity,
             complete,
+            alone: true,
         }
+    }
+
+    /// Whether other endpoints share the store (then a miss asks it).
+    pub fn set_alone(&mut self, alone: bool) {
+        self.alone = alone;
     }
 
     /// Warms the index with a retained id (receipt loaded lazily).
@@ -80,7 +90,7 @@ impl Index {
                 receipt: Some(r), ..
             }) => Begin::Replay(r.clone()),
             Some(Entry::Done { receipt: None, .. }) => Begin::Unknown,
-            None if !self.complete => Begin::Unknown,
+            None if !self.complete || !self.alone => Begin::Unknown,
             None => {
                 self.entries.insert(
                     Arc::from(command_id),

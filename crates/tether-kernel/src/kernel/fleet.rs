@@ -308,8 +308,28 @@ impl Kernel {
                 }
             }
         }
+        let alone = !leases.rows.iter().any(|r| {
+            r.key.starts_with("endpoint/")
+                && r.holder != self.inner.instance
+                && r.live_at(leases.now_ms)
+                && !holder_gone(&r.info, &self.inner.config.host)
+        });
+        if let Ok(mut ix) = self.inner.idem.lock() {
+            ix.set_alone(alone);
+        }
         if let Ok(mut o) = self.inner.fleet.others.lock() {
             *o = others;
+        }
+    }
+
+    /// Reads the leases again (the watcher, when the store changed): who
+    /// else is on the store, and which devices they serve.
+    pub(crate) fn refresh_fleet(&self) {
+        if !self.inner.config.claim_devices {
+            return;
+        }
+        if let Ok(leases) = self.inner.store.leases() {
+            self.learn_fleet(&leases);
         }
     }
 

@@ -253,6 +253,7 @@ impl Kernel {
         // of endpoints no longer alive.
         self.claim_fleet(store)?;
         let live = self.live_others(store)?;
+        let alone = live.is_empty();
         crate::dispatch::evidence::reconcile_orphans(store, &live).map_err(StartError::Store)?;
         let latches = store.latches().map_err(StartError::Store)?;
         let revisions = store.revisions().map_err(StartError::Store)?;
@@ -272,6 +273,10 @@ impl Kernel {
                     }
                 }
             }
+        }
+        if let Ok(mut idem) = self.inner.idem.lock() {
+            // With other endpoints on the store, a miss asks it.
+            idem.set_alone(alone);
         }
         let ledger = restore_budgets(store, now_ms())?;
         if let Ok(mut b) = self.inner.budgets.lock() {

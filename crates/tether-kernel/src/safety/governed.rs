@@ -261,8 +261,10 @@ impl Kernel {
                 }
             };
             if approvals_behind && approvals_synced.elapsed() >= APPROVAL_SYNC {
-                // Other processes' holds and votes, at most every 100 ms.
+                // Other processes' holds and votes, and who else is on the
+                // store, at most every 100 ms.
                 self.sync_approvals();
+                self.refresh_fleet();
                 approvals_synced = Instant::now();
                 approvals_behind = false;
             }
