@@ -353,9 +353,11 @@ fn serve_command(
         .envs(env.iter().copied());
     match transport {
         Transport::Http => {
-            cmd.args(["--http", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null());
+            // A test may name its own listen address (another namespace's).
+            if !extra.iter().any(|a| *a == OsStr::new("--http")) {
+                cmd.args(["--http", "127.0.0.1:0"]);
+            }
+            cmd.stdin(Stdio::null()).stdout(Stdio::null());
         }
         Transport::Stdio => {
             cmd.arg("--stdio")

@@ -357,6 +357,9 @@ impl Kernel {
             };
         }
         let cancelled = self.cancel_device_ops(d, &ev.reason);
+        // From the trip (its row's time) to this endpoint's latch and the
+        // cancel of its calls: the fleet stop's propagation.
+        let cancel_delay_ms = now_ms().saturating_sub(ev.at_ms);
         // As a local e-stop does: consent given before the trip is withdrawn.
         let revoked_permits = self.revoke_permits(d);
         let revoked_approvals = self.revoke_approvals(dev.id());
@@ -375,7 +378,7 @@ impl Kernel {
         self.record(Commit {
             events: vec![EventDraft {
                 kind: "safety.estop.observed".into(),
-                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
+                body: json!({"device_id": dev.id(), "reason": ev.reason, "tripped_at_ms": ev.at_ms, "observed_delay_ms": delay_ms, "cancel_delay_ms": cancel_delay_ms, "cancelled_operations": cancelled, "stop_path_failure": failure, "revoked_permits": revoked_permits, "revoked_approvals": revoked_approval_ids}).into(),
             }],
             approvals: revoked_approvals,
             ..Commit::default()
