@@ -75,8 +75,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs one subcommand; an `Err` is a usage, I/O or start-up error (exit 2).
-fn run(command: Command) -> anyhow::Result<ExitCode> {
+/// `serve` and `mcp`: the commands that run an endpoint.
+fn run_endpoint(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve {
             config,
@@ -116,6 +116,19 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             },
             &token_env,
         ),
+        _ => unreachable_command(),
+    }
+}
+
+/// Never reached: `run` hands only `serve` and `mcp` to [`run_endpoint`].
+fn unreachable_command() -> anyhow::Result<ExitCode> {
+    anyhow::bail!("internal error: not an endpoint command")
+}
+
+/// Runs one subcommand; an `Err` is a usage, I/O or start-up error (exit 2).
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        c @ (Command::Serve { .. } | Command::Mcp { .. }) => run_endpoint(c),
         Command::Fleet { action } => fleet::fleet(action),
         Command::Check { file, schema } => Ok(check::check(&file, schema)),
         Command::Approvals { action, endpoint } => approvals::approvals(action, &endpoint),
