@@ -185,7 +185,7 @@ impl Net {
 /// A PostgreSQL cluster in the database namespace, listening on the store
 /// links only.
 struct Cluster {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     data: PathBuf,
 }
 
@@ -239,24 +239,33 @@ impl Cluster {
         let mut hba = std::fs::read_to_string(data.join("pg_hba.conf")).expect("hba");
         hba.push_str(&format!("\nhost all all 10.{net}.0.0/16 trust\n"));
         std::fs::write(data.join("pg_hba.conf"), hba).expect("hba");
-        let log = dir.path().join("log").to_string_lossy().into_owned();
+        let cluster = Cluster { dir, data };
+        cluster.start_again(db_ns);
+        cluster
+    }
+
+    /// `pg_ctl start` (again, after a crash: the server recovers from its WAL).
+    fn start_again(&self, db_ns: &str) {
+        let log = self.dir.path().join("log").to_string_lossy().into_owned();
+        let data = self.data.to_string_lossy().into_owned();
         let pg_ctl = pg_bin("pg_ctl");
         run(
             "ip",
             &[
-                "netns", "exec", db_ns, "runuser", "-u", "postgres", "--", &pg_ctl, "-D", &data_s,
+                "netns", "exec", db_ns, "runuser", "-u", "postgres", "--", &pg_ctl, "-D", &data,
                 "-l", &log, "-w", "start",
             ],
         );
-        Cluster { _dir: dir, data }
     }
 
+    /// `pg_ctl stop -m immediate`: every server process quits at once, as
+    /// in a crash (the next start recovers from the WAL).
     fn stop(&self, db_ns: &str) {
         let data = self.data.to_string_lossy().into_owned();
         let _ = Command::new("ip")
             .args(["netns", "exec", db_ns, "runuser", "-u", "postgres", "--"])
             .args([&pg_bin("pg_ctl"), "-D", &data, "-m", "immediate", "stop"])
-            .status();
+            .output();
     }
 }
 
@@ -525,6 +534,97 @@ fn a_cut_store_link_aborts_and_refuses_physical_calls_and_the_host_recovers() {
         status == "cancelled" || status == "unknown",
         "the cut motion ended {answer}"
     );
+    let verify = net.tether(1, &["audit", "verify", "--store", &net.store_url(1)]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
+/// One thermostat setpoint with its own id; the answer as received.
+fn setpoint(addr: std::net::SocketAddr, sid: &str, id: &str, degc: f64) -> Option<Value> {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "mhs.command", "params": {"session_id": sid, "device_id": "thermostat-1", "capability_id": "cap.thermal.setpoint.v1", "input": {"target_temperature": degc}, "command_id": id}}).to_string();
+    let r = std::panic::catch_unwind(|| {
+        http_post_with(addr, body.as_bytes(), Duration::from_secs(60), "")
+    });
+    r.ok().map(|r| r.json()["result"].clone())
+}
+
+/// The database crashes (every server process quits at once) under load
+/// and comes back: no receipt acknowledged to a client is lost, each
+/// replays identically, the endpoint takes commands again without a
+/// restart, and the chain verifies.
+#[test]
+fn killing_the_database_mid_load_loses_no_acknowledged_receipt() {
+    let mut net = Net::new(1);
+    migrate(&net);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = net.serve(1, &dir.path().join("a"), &["--insecure-no-auth"]);
+    let sid = s.session();
+    let addr = s.addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (sid, stop) = (sid.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                let mut n = 0u32;
+                while !stop.load(Ordering::SeqCst) && n < 5_000 {
+                    n += 1;
+                    let id = format!("dbkill-{w}-{n}");
+                    let degc = 20.0 + f64::from(n % 40);
+                    if let Some(r) = setpoint(addr, &sid, &id, degc) {
+                        let durable = r["x-tether"]["evidence"] != "not_durable";
+                        if r["status"] == "completed" && durable {
+                            acked.push((id, r["receipt_id"].clone()));
+                        }
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let cluster = net.cluster.take().expect("cluster");
+    cluster.stop(&net.db);
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.start_again(&net.db);
+    net.cluster = Some(cluster);
+    // Served again without a restart of the endpoint.
+    poll_until(
+        "a command to complete after the crash",
+        Duration::from_secs(60),
+        || {
+            setpoint(
+                addr,
+                &sid,
+                &format!("after-{}", Instant::now().elapsed().as_nanos()),
+                21.0,
+            )
+            .is_some_and(|r| r["status"] == "completed")
+        },
+    );
+    stop.store(true, Ordering::SeqCst);
+    let acked: Vec<(String, Value)> = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("worker"))
+        .collect();
+    assert!(acked.len() > 10, "too little load: {}", acked.len());
+    eprintln!(
+        "database crash under load: {} receipts acknowledged, each checked",
+        acked.len()
+    );
+    for (id, receipt_id) in &acked {
+        let degc: f64 = id
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .map_or(0.0, |n| 20.0 + f64::from(n % 40));
+        let again = setpoint(addr, &sid, id, degc).expect("replay");
+        assert_eq!(again["replayed"], true, "{id}: {again}");
+        assert_eq!(&again["receipt_id"], receipt_id, "{id}: {again}");
+    }
     let verify = net.tether(1, &["audit", "verify", "--store", &net.store_url(1)]);
     assert!(
         verify.status.success(),
