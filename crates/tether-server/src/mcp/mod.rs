@@ -490,6 +490,13 @@ async fn estop_receipt(
         .chars()
         .take(kernel.text_chars_max())
         .collect();
+    if let Some(d) = named.filter(|d| defect.is_none() && kernel.fleet_owner_of(d).is_some()) {
+        // Served by another endpoint of the fleet: tripped through the store.
+        let receipt = kernel
+            .estop_fleet(&[d.to_owned()], &reason, p.as_ref())
+            .await;
+        return (receipt, None);
+    }
     let unknown = named
         .filter(|_| device_ids.is_empty())
         .map(|d| tether_core::echo::id(d).into_owned());

@@ -348,6 +348,19 @@ impl Gateway {
         let named = input.get("device_id").and_then(Value::as_str);
         let device_ids: Vec<String> = named.map(|d| vec![d.to_owned()]).unwrap_or_default();
         if let Some(d) = named {
+            if self.kernel.fleet_owner_of(d).is_some() {
+                // Served by another endpoint of the fleet: its trip goes
+                // through the store and its owner stops it.
+                let reason = input
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("e-stop (REST)");
+                let receipt = self.kernel.estop_fleet(&device_ids, reason, Some(p)).await;
+                return Ok((
+                    StatusCode::OK,
+                    json!({"tool_id": crate::tools::ESTOP_TOOL, "receipt": receipt}).into(),
+                ));
+            }
             if !self.kernel.device_ids().iter().any(|x| x == d) {
                 return Err(RestError::new(
                     Code::DeviceUnknown,
