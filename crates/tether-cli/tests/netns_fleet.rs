@@ -523,6 +523,16 @@ fn a_cut_store_link_aborts_and_refuses_physical_calls_and_the_host_recovers() {
         "{refused}"
     );
 
+    // An e-stop asked meanwhile latches here at once, durable later.
+    let stop = result(
+        &b,
+        OPERATOR,
+        "mhs.safety.estop",
+        json!({"device_id": ARM, "reason": "during the cut"}),
+    );
+    assert_eq!(stop["output"]["latched"], true, "{stop}");
+    assert_eq!(stop["latch_durable"], false, "{stop}");
+
     // The link returns: the endpoint serves again on its own.
     net.store_link(1, true);
     poll_until("the relay to switch again", Duration::from_secs(60), || {
@@ -533,6 +543,22 @@ fn a_cut_store_link_aborts_and_refuses_physical_calls_and_the_host_recovers() {
     assert!(
         status == "cancelled" || status == "unknown",
         "the cut motion ended {answer}"
+    );
+    // The e-stop made during the cut is durable now: its latch row is there.
+    poll_until(
+        "the cut e-stop to be durable",
+        Duration::from_secs(30),
+        || {
+            let out = net.tether(
+                1,
+                &["fleet", "status", "--json", "--store", &net.store_url(1)],
+            );
+            let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            doc["latches"].as_array().is_some_and(|l| {
+                l.iter()
+                    .any(|r| r["device_id"] == ARM && r["latched"] == true)
+            })
+        },
     );
     let verify = net.tether(1, &["audit", "verify", "--store", &net.store_url(1)]);
     assert!(

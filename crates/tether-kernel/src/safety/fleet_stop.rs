@@ -73,6 +73,7 @@ impl Kernel {
             "output": {"latched": durable, "latch_durable": durable, "scope": "fleet", "served_by": owners, "stop_path": "run by the owning endpoint"},
             "error": error,
             "safe_state_achieved": false,
+            "latch_durable": durable,
             "not_certified": true,
         })
     }
