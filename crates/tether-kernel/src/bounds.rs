@@ -136,6 +136,13 @@ fn check_fleet(config: &crate::KernelConfig) -> Vec<String> {
             "fleet.stop_bound_ms = {bound}: must be between {STOP_BOUND_MS_MIN} and {STOP_BOUND_MS_MAX}"
         ));
     }
+    // An endpoint cut off from its store stops driving its devices (the
+    // bound) well before its leases lapse and another may take them.
+    if bound.saturating_mul(2) > lease {
+        defects.push(format!(
+            "fleet.stop_bound_ms = {bound}: must be at most half of fleet.lease_ms ({lease}), so an endpoint cut off from its store has stopped its physical calls before another endpoint may take its devices"
+        ));
+    }
     defects
 }
 
