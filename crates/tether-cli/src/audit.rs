@@ -20,14 +20,20 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
             state_dir,
             store,
             since,
-        } => export(
-            &StoreChoice {
+            follow,
+            after,
+        } => {
+            let choice = StoreChoice {
                 state_dir,
                 store,
                 ..Default::default()
-            },
-            since,
-        ),
+            };
+            if follow {
+                crate::follow::follow(&choice, after.unwrap_or(0))
+            } else {
+                export(&choice, since)
+            }
+        }
         AuditAction::Verify {
             state_dir,
             store,

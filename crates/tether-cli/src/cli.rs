@@ -341,8 +341,18 @@ pub enum AuditAction {
         store: Option<String>,
         /// Only a slice: from the signed checkpoint at or before SEQ to the
         /// head; it verifies on its own with the public key.
-        #[arg(long, value_name = "SEQ")]
+        #[arg(long, value_name = "SEQ", conflicts_with = "follow")]
         since: Option<u64>,
+        /// Keep going: after the chain so far, print each entry as it
+        /// commits (each line carries its `hash` and `prev_hash`, so a
+        /// receiver can check continuity); no seal line. Ends on a closed
+        /// output or Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: start after entry SEQ (a shipper that already has
+        /// entries up to SEQ).
+        #[arg(long, value_name = "SEQ", requires = "follow")]
+        after: Option<u64>,
     },
     /// Verify a chain (and, with public keys, every checkpoint signature);
     /// exit 1 naming the first broken entry.

@@ -20,6 +20,7 @@ mod edge;
 mod endpoint;
 mod evidence;
 mod fleet;
+mod follow;
 mod keys;
 mod rpc;
 mod safety;

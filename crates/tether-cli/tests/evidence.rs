@@ -304,3 +304,67 @@ fn verify_reads_an_export_from_standard_input() {
     );
     drop(work);
 }
+
+/// `audit export --follow` prints the chain so far, then each entry as it
+/// commits; every line links to the one before it (`prev_hash`), so a
+/// receiver can check continuity; `--after SEQ` resumes after an entry.
+#[test]
+fn export_follow_tails_the_chain_with_each_link() {
+    use std::io::BufRead;
+    let s = Server::http();
+    let sid = s.session();
+    assert_eq!(
+        s.command(relay_switch(&sid, "follow-1"))["status"],
+        "completed"
+    );
+    let mut child = std::process::Command::new(common::BIN)
+        .args(["audit", "export", "--follow", "--state-dir"])
+        .arg(s.state_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("follow");
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let out = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                break;
+            };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || {
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a followed line")
+    };
+    let mut lines = vec![next()];
+    // The chain so far, then the command run after the follower started.
+    assert_eq!(
+        s.command(relay_switch(&sid, "follow-2"))["status"],
+        "completed"
+    );
+    while !lines
+        .iter()
+        .any(|e| e["body"]["receipt"]["command_id"] == "follow-2")
+    {
+        lines.push(next());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(lines[0]["seq"], 1);
+    for pair in lines.windows(2) {
+        assert_eq!(
+            pair[1]["seq"].as_u64(),
+            pair[0]["seq"].as_u64().map(|n| n + 1)
+        );
+        assert_eq!(pair[1]["prev_hash"], pair[0]["hash"], "{pair:?}");
+    }
+    assert!(
+        lines.iter().all(|e| e["kind"] != "audit.export.seal"),
+        "a followed stream has no seal"
+    );
+}

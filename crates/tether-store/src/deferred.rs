@@ -125,6 +125,9 @@ impl Store for DeferredStore {
     fn change_token(&self) -> Result<u64, StoreError> {
         self.store()?.change_token()
     }
+    fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        self.store()?.entries_after(after, limit)
+    }
     fn leases(&self) -> Result<crate::Leases, StoreError> {
         self.store()?.leases()
     }

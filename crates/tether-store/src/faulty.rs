@@ -116,6 +116,10 @@ impl Store for FaultyStore {
         self.read_check()?;
         self.inner.change_token()
     }
+    fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        self.read_check()?;
+        self.inner.entries_after(after, limit)
+    }
     fn leases(&self) -> Result<crate::Leases, StoreError> {
         self.read_check()?;
         self.inner.leases()

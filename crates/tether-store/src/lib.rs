@@ -354,6 +354,9 @@ pub struct ApprovalRow {
     pub record: Value,
 }
 
+/// Most entries one [`Store::entries_after`] answers.
+pub const ENTRIES_PAGE_MAX: usize = 10_000;
+
 /// Most approval records one [`Store::approvals_since`] answers; a reader
 /// behind by more asks again from the position it was given.
 pub const APPROVALS_SINCE_MAX: usize = 4096;
@@ -577,6 +580,17 @@ pub trait Store: Send + Sync + 'static {
     /// seal line ([`verify::EXPORT_SEAL_KIND`]); returns the count of entries
     /// (the seal not included).
     fn export_chain(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError>;
+
+    /// At most `limit` (≤ [`ENTRIES_PAGE_MAX`]) chain entries with `seq >
+    /// after`, in `seq` order, as stored (one canonical line each, with its
+    /// `hash` and `prev_hash`): `tether audit export --follow` tails the
+    /// chain with it.
+    fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let _ = (after, limit);
+        Err(StoreError::Unsupported(
+            "this store cannot page its entries".into(),
+        ))
+    }
 
     /// True when an acknowledged commit survives a crash (SQLite), false for memory.
     fn durable(&self) -> bool;

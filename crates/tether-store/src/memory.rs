@@ -464,6 +464,19 @@ impl Store for MemoryStore {
         Ok(lock(&self.state).version)
     }
 
+    fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let st = lock(&self.state);
+        let start = usize::try_from(after).unwrap_or(usize::MAX);
+        Ok(st
+            .events
+            .iter()
+            .enumerate()
+            .skip(start)
+            .take(limit.min(crate::ENTRIES_PAGE_MAX))
+            .map(|(i, (_, line))| (i as u64 + 1, line.clone()))
+            .collect())
+    }
+
     fn leases(&self) -> Result<crate::Leases, StoreError> {
         let st = lock(&self.state);
         Ok(crate::Leases {

@@ -305,6 +305,24 @@ impl Store for PgStore {
         true
     }
 
+    fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let after = to_db(after);
+        let limit = i64::try_from(limit.min(crate::ENTRIES_PAGE_MAX)).unwrap_or(0);
+        self.call(move |pg| {
+            let rows = pg.query(
+                "SELECT seq, line FROM events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                &[&after, &limit],
+            )?;
+            rows.iter()
+                .map(|r| {
+                    let seq = u64::try_from(col::<i64>(r, 0)?)
+                        .map_err(|_| StoreError::Corrupt("a negative seq".into()))?;
+                    Ok((seq, col::<String>(r, 1)?))
+                })
+                .collect()
+        })
+    }
+
     fn leases(&self) -> Result<crate::Leases, StoreError> {
         self.call(|pg| {
             let now = pg.query(

@@ -317,6 +317,22 @@ impl Store for SqliteStore {
         true
     }
 
+    fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let limit = limit_param(limit.min(crate::ENTRIES_PAGE_MAX));
+        let conn = self.read();
+        let mut st = conn
+            .prepare_cached("SELECT seq, line FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+        let rows = st.query_map(params![seq_to_db(after)?, limit], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, line) = row?;
+            out.push((u64_col(seq, "seq")?, line));
+        }
+        Ok(out)
+    }
+
     fn leases(&self) -> Result<crate::Leases, StoreError> {
         let conn = self.read();
         let mut st = conn.prepare_cached(
