@@ -197,7 +197,7 @@ fn main() {
         .max(1);
 
     if memory {
-        let store = MemoryStore::new();
+        let store = MemoryStore::with_writer();
         let secs = run(&store, make, threads, per_thread, inflight);
         report("memory", threads, per_thread, inflight, secs, store.stats());
         return;

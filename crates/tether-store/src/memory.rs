@@ -1,5 +1,9 @@
-//! The in-memory store: same trait, same writer thread and batching as
-//! SQLite, nothing durable. For tests and in-process benchmarks.
+//! The in-memory store: same trait, nothing durable. For tests and
+//! in-process benchmarks. A commit is applied on the caller's thread at
+//! once (nothing is gained by batching what is never flushed, and a thread
+//! hand-off each way is most of an in-memory command's time);
+//! [`MemoryStore::with_writer`] keeps SQLite's writer thread and batching
+//! instead, for what measures the writer itself.
 //!
 //! Everything is kept for the life of the store (the chain grows without
 //! bound, as a durable one would on disk); do not use it for long-running
@@ -43,6 +47,10 @@ struct State {
     invocations: HashMap<String, StoredInvocation>,
     /// Leases by key (see [`crate::lease`]).
     leases: BTreeMap<String, crate::LeaseRow>,
+    /// Reused buffer for sealing entries (commits applied inline).
+    scratch: String,
+    /// Counters of commits applied inline (one "batch" each).
+    inline_stats: WriterStats,
 }
 
 /// An invocation's record: its canonical text, or the `seq` of the entry
@@ -78,7 +86,8 @@ fn lock(state: &Shared) -> MutexGuard<'_, State> {
 
 /// In-memory [`Store`]; `durable()` is false.
 pub struct MemoryStore {
-    writer: Writer,
+    /// `None`: commits are applied on the caller's thread.
+    writer: Option<Writer>,
     state: Shared,
 }
 
@@ -98,6 +107,16 @@ impl MemoryStore {
     /// A new, empty store. If its writer thread cannot be started, the store
     /// answers every commit with [`StoreError::Closed`].
     pub fn new() -> Self {
+        MemoryStore {
+            writer: None,
+            state: Arc::default(),
+        }
+    }
+
+    /// A store whose commits go through the group-commit writer thread, as
+    /// SQLite's do. If the thread cannot be started, every commit is
+    /// answered [`StoreError::Closed`].
+    pub fn with_writer() -> Self {
         let state: Shared = Arc::default();
         let backend = MemoryBackend {
             state: Arc::clone(&state),
@@ -105,12 +124,34 @@ impl MemoryStore {
         };
         let writer = Writer::spawn(backend, "tether-store-memory-writer")
             .unwrap_or_else(|_| Writer::stopped());
-        MemoryStore { writer, state }
+        MemoryStore {
+            writer: Some(writer),
+            state,
+        }
     }
 
-    /// Writer counters.
+    /// Writer counters (for inline commits, one batch per commit).
     pub fn stats(&self) -> WriterStats {
-        self.writer.stats()
+        match &self.writer {
+            Some(w) => w.stats(),
+            None => lock(&self.state).inline_stats,
+        }
+    }
+
+    /// Applies a prepared commit now, on this thread, and answers it.
+    fn apply_now(&self, prepared: Result<Prepared, StoreError>, done: Done) {
+        let r = prepared.and_then(|c| {
+            let mut st = lock(&self.state);
+            let mut scratch = std::mem::take(&mut st.scratch);
+            let r = st.apply_job(&c, tether_core::receipt::now_ms(), &mut scratch);
+            st.scratch = scratch;
+            st.inline_stats.batches += 1;
+            st.inline_stats.commits += 1;
+            st.inline_stats.largest_batch = 1;
+            r
+        });
+        // The lock is released: `done` may read the store.
+        crate::writer::call_done(done, r);
     }
 }
 
@@ -130,23 +171,29 @@ impl Backend for MemoryBackend {
         // like a SQLite transaction.
         let mut st = lock(&self.state);
         for job in batch {
-            let c = &job.commit;
-            if let Some(conflict) = st.conflict(c) {
-                results.push(Err(conflict));
-                continue;
-            }
-            if let Err(held) = crate::lease::decide_all(&st.leases, &c.leases, ts_ms) {
-                results.push(Err(held));
-                continue;
-            }
-            crate::lease::apply_all(&mut st.leases, &c.leases, ts_ms);
-            results.push(Ok(st.apply(c, ts_ms, &mut self.scratch)));
+            results.push(st.apply_job(&job.commit, ts_ms, &mut self.scratch));
         }
         Ok(())
     }
 }
 
 impl State {
+    /// One commit: checked, then applied whole, or refused with nothing of
+    /// it applied.
+    fn apply_job(
+        &mut self,
+        c: &Prepared,
+        ts_ms: u64,
+        scratch: &mut String,
+    ) -> Result<CommitAck, StoreError> {
+        if let Some(conflict) = self.conflict(c) {
+            return Err(conflict);
+        }
+        crate::lease::decide_all(&self.leases, &c.leases, ts_ms)?;
+        crate::lease::apply_all(&mut self.leases, &c.leases, ts_ms);
+        Ok(self.apply(c, ts_ms, scratch))
+    }
+
     /// Why `c` collides with what is stored (checked before anything of it
     /// is applied, in the order SQLite checks): a receipt already stored, an
     /// operation that already ran or is running, a budget reservation
@@ -324,11 +371,17 @@ fn parse_line(line: &str) -> Result<Value, StoreError> {
 
 impl Store for MemoryStore {
     fn submit(&self, commit: Commit, done: Done) {
-        self.writer.submit_owned(commit, done);
+        match &self.writer {
+            Some(w) => w.submit_owned(commit, done),
+            None => self.apply_now(crate::prepare::prepare_owned(commit), done),
+        }
     }
 
     fn submit_ref(&self, commit: &Commit, done: Done) {
-        self.writer.submit(commit, done);
+        match &self.writer {
+            Some(w) => w.submit(commit, done),
+            None => self.apply_now(crate::prepare::prepare(commit), done),
+        }
     }
 
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {

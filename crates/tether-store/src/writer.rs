@@ -80,7 +80,7 @@ impl Drop for Job {
 
 /// Run a callback, containing a panic in it so one faulty caller cannot kill
 /// the writer thread (and with it every later commit).
-fn call_done(done: Done, r: Result<CommitAck, StoreError>) {
+pub(crate) fn call_done(done: Done, r: Result<CommitAck, StoreError>) {
     let _ = catch_unwind(AssertUnwindSafe(move || done(r)));
 }
 

@@ -625,7 +625,9 @@ fn two_writers_on_one_file_keep_one_chain() {
 
 #[test]
 fn full_queue_is_overloaded_and_nothing_is_lost() {
-    let s = MemoryStore::new();
+    // The group-commit writer's queue (the default memory store applies
+    // commits on the caller's thread and has none).
+    let s = MemoryStore::with_writer();
     // Park the writer inside a callback so the queue can only fill.
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let (parked_tx, parked_rx) = mpsc::channel::<()>();
@@ -862,8 +864,18 @@ fn version_5_approvals_are_found_by_position_after_the_migration() {
     assert!(pos > 0);
 }
 
+/// The version 7 layout: no `leases` table.
+fn downgrade_to_v7(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "DROP TABLE leases;
+         DELETE FROM schema_version WHERE version = 8;",
+    )
+    .expect("v7 layout");
+}
+
 /// The version 6 layout: no `(key, ts_ms)` index on the budget journal.
 fn downgrade_to_v6(db: &rusqlite::Connection) {
+    downgrade_to_v7(db);
     db.execute_batch(
         "DROP INDEX budget_key_ts;
          DELETE FROM schema_version WHERE version = 7;",
