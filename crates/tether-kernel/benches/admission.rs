@@ -27,17 +27,39 @@ use tether_kernel::{CommandRequest, Kernel, KernelConfig, Principal, SessionOpen
 use tether_store::MemoryStore;
 
 fn kernel() -> Kernel {
+    kernel_on(Arc::new(MemoryStore::new()))
+}
+
+/// The built-in cell's kernel on `store`.
+fn kernel_on(store: Arc<MemoryStore>) -> Kernel {
     let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None)
         .expect("builtin cell loads");
     let drivers =
         tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    Kernel::new(
-        KernelConfig::standard("bench"),
-        cell,
-        drivers,
-        Arc::new(MemoryStore::new()),
-    )
-    .expect("kernel")
+    Kernel::new(KernelConfig::standard("bench"), cell, drivers, store).expect("kernel")
+}
+
+/// p50/p99/p999 of 50,000 whole commands on `k`, printed as `name`.
+fn whole_commands(rt: &tokio::runtime::Runtime, k: &Kernel, p: &Principal, name: &str) {
+    let session = rt
+        .block_on(k.session_open(p, SessionOpen::default()))
+        .expect("session")["session_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let mut samples = Vec::with_capacity(50_000);
+    for n in 0..50_000u64 {
+        let r = request(&session, 20.0 + (n % 50) as f64, None);
+        let t = Instant::now();
+        let receipt = rt
+            .block_on(k.command(p, r, tether_kernel::CommandOptions::plain()))
+            .map(tether_kernel::Answer::into_value)
+            .expect("command");
+        samples.push(t.elapsed().as_nanos());
+        assert_eq!(receipt["status"], "completed");
+    }
+    let (p50, p99, p999) = percentiles(samples);
+    println!("FIGURE {name} p50={p50:.2} p99={p99:.2} p999={p999:.2}");
 }
 
 fn request(session: &str, t: f64, id: Option<String>) -> CommandRequest {
@@ -89,23 +111,13 @@ fn bench(c: &mut Criterion) {
     let (p50, p99, p999) = percentiles(samples);
     println!("FIGURE admission_preflight_us p50={p50:.2} p99={p99:.2} p999={p999:.2}");
 
-    let mut samples = Vec::with_capacity(50_000);
+    // The same commands through the memory store's group-commit writer
+    // thread (as the memory store committed before it applied inline): what
+    // the two thread hand-offs of a commit cost, in one run.
+    let with_writer = kernel_on(Arc::new(MemoryStore::with_writer()));
+    whole_commands(&rt, &with_writer, &p, "command_memory_writer_thread_us");
+    whole_commands(&rt, &k, &p, "command_memory_store_us");
     let mut n = 0u64;
-    for _ in 0..50_000 {
-        n += 1;
-        let r = request(&session, 20.0 + (n % 50) as f64, None);
-        let t = Instant::now();
-        // The receipt as a value, as the benchmark measured it before there
-        // was one entry point (`command` answered a value then).
-        let receipt = rt
-            .block_on(k.command(&p, r, tether_kernel::CommandOptions::plain()))
-            .map(tether_kernel::Answer::into_value)
-            .expect("command");
-        samples.push(t.elapsed().as_nanos());
-        assert_eq!(receipt["status"], "completed");
-    }
-    let (p50, p99, p999) = percentiles(samples);
-    println!("FIGURE command_memory_store_us p50={p50:.2} p99={p99:.2} p999={p999:.2}");
 
     let mut g = c.benchmark_group("admission");
     g.bench_function("preflight", |b| b.iter(|| k.preflight(&p, &req)));

@@ -23,9 +23,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tether_core::receipt::now_ms;
 use tether_store::lease::{device_key, endpoint_key};
-use tether_store::{Commit, EventDraft, LeaseDraft, LeaseHeld, LeaseOp, Leases, Store, StoreError};
+use tether_store::{Commit, LeaseDraft, LeaseHeld, LeaseOp, Leases, Store, StoreError};
 
 /// Default lease of an endpoint and its devices, ms.
 pub const FLEET_LEASE_MS_DEFAULT: u64 = 5_000;
@@ -379,7 +378,7 @@ impl Kernel {
         })
     }
 
-    /// Gives the leases up (an orderly stop), recorded in the evidence.
+    /// Gives the leases up (an orderly stop).
     fn release_fleet(&self) {
         if !self.inner.fleet.claimed.load(Ordering::SeqCst) {
             return;
@@ -392,11 +391,9 @@ impl Kernel {
                 ..d
             })
             .collect();
+        // State, not evidence: no entry, so the final signed checkpoint of
+        // an orderly stop stays the chain's last entry.
         let r = self.inner.store.commit_blocking(Commit {
-            events: vec![EventDraft {
-                kind: "fleet.leases_released".into(),
-                body: json!({"endpoint_id": self.inner.config.endpoint_id, "instance": self.inner.instance, "at_ms": now_ms()}).into(),
-            }],
             leases,
             ..Commit::default()
         });
