@@ -66,6 +66,11 @@ pub enum Command {
         /// when principals are configured; never pass a token as a flag).
         #[arg(long, value_name = "NAME", default_value = "TETHER_TOKEN")]
         token_env: String,
+        /// Bridge to a running endpoint instead of starting one: its MCP
+        /// URL (`http://HOST:PORT/mcp` of `tether serve --mcp-http`). Every
+        /// call is decided by that endpoint's kernel, with this caller's token.
+        #[arg(long, value_name = "URL", conflicts_with_all = ["config", "state_dir"])]
+        endpoint: Option<String>,
     },
     /// Check a config (or a single device manifest, or a `.cedar` policy
     /// against the built-in cell) and print every defect. A config's policy is
@@ -121,7 +126,8 @@ pub enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
-    /// Manage a PostgreSQL store: create or upgrade its schema.
+    /// Manage a PostgreSQL store: create or upgrade its schema, or copy an
+    /// embedded store into it.
     Store {
         #[command(subcommand)]
         action: StoreAction,
@@ -372,5 +378,17 @@ pub enum StoreAction {
         /// PGPASSWORD or a passfile).
         #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
         store: String,
+    },
+    /// Move an embedded store's state (chain, receipts, latches, approvals,
+    /// budgets, revisions, open operations, invocations) into a PostgreSQL
+    /// store that holds nothing yet; verified before and after it commits.
+    /// Refused while an endpoint has the state directory open.
+    Copy {
+        /// The state directory whose `tether.db` is copied (left unchanged).
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        /// The PostgreSQL store (made by `tether store migrate`, still empty).
+        #[arg(long, value_name = "URL")]
+        to: String,
     },
 }
