@@ -509,10 +509,10 @@ fn name_of(method: &str, parsed: Option<&Value>) -> Option<String> {
 /// A header value as MCP's header rules spell it: as is when it is plain
 /// printable ASCII, else wrapped as `=?base64?…?=`.
 fn header_value(v: &str) -> String {
-    let plain = !v.starts_with([' ', '\t'])
-        && !v.ends_with([' ', '\t'])
-        && v.chars().all(|c| (' '..='~').contains(&c))
-        && !(v.starts_with("=?base64?") && v.ends_with("?="));
+    let padded = v.starts_with([' ', '\t']) || v.ends_with([' ', '\t']);
+    let printable = v.chars().all(|c| (' '..='~').contains(&c));
+    let looks_wrapped = v.starts_with("=?base64?") && v.ends_with("?=");
+    let plain = !padded && printable && !looks_wrapped;
     if plain {
         return v.to_owned();
     }
@@ -634,13 +634,19 @@ impl Seen {
 /// blank line); each event's `data:` lines, joined, is one JSON-RPC message.
 /// Events with no data (the endpoint's priming events) are skipped.
 fn take_events(buf: &mut Vec<u8>, messages: &mut Vec<Value>) {
+    // Split on bytes: a frame may end inside a multi-byte character, which
+    // is whole again once the next frame is appended.
+    let find = |buf: &[u8], pat: &[u8]| buf.windows(pat.len()).position(|w| w == pat);
     loop {
-        let text = String::from_utf8_lossy(buf);
-        let normalized = text.replace("\r\n", "\n");
-        let Some(end) = normalized.find("\n\n") else {
+        let ends = [(find(buf, b"\n\n"), 2), (find(buf, b"\r\n\r\n"), 4)];
+        let Some((end, sep)) = ends
+            .iter()
+            .filter_map(|(at, sep)| at.map(|a| (a, *sep)))
+            .min_by_key(|(at, _)| *at)
+        else {
             return;
         };
-        let event = &normalized[..end];
+        let event = String::from_utf8_lossy(&buf[..end]).into_owned();
         let data: Vec<&str> = event
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
@@ -651,8 +657,7 @@ fn take_events(buf: &mut Vec<u8>, messages: &mut Vec<Value>) {
                 messages.push(v);
             }
         }
-        let rest = normalized[end + 2..].as_bytes().to_vec();
-        *buf = rest;
+        buf.drain(..end + sep);
     }
 }
 
