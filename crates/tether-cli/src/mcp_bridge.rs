@@ -106,6 +106,8 @@ struct Bridge {
     session: Mutex<Session>,
     out: mpsc::Sender<String>,
     places: Arc<Semaphore>,
+    /// The task reading the endpoint's own stream of the session (GET).
+    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// Runs the bridge until stdin ends.
@@ -147,6 +149,7 @@ async fn serve_stdio(target: Target) -> anyhow::Result<()> {
         session: Mutex::new(Session::default()),
         out,
         places: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        listener: Mutex::new(None),
     });
     let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
     let mut tasks = tokio::task::JoinSet::new();
@@ -196,9 +199,12 @@ async fn serve_stdio(target: Target) -> anyhow::Result<()> {
         while tasks.join_next().await.is_some() {}
     })
     .await;
+    // What is still running after the wait is abandoned (the endpoint's
+    // kernel finishes it and records its receipt all the same).
+    drop(tasks);
     bridge.close_session().await;
     drop(bridge);
-    let _ = writer.await;
+    let _ = tokio::time::timeout(CONNECT_TIMEOUT, writer).await;
     Ok(())
 }
 
@@ -251,6 +257,9 @@ impl Bridge {
             }
             other => other,
         };
+        if method.as_deref() == Some("notifications/initialized") {
+            self.start_listening();
+        }
         match answer {
             Ok(a) => {
                 self.deliver(a, id, method.as_deref(), parsed.as_ref())
@@ -277,7 +286,7 @@ impl Bridge {
     /// one with the client's own initialize request and send the message
     /// once more (a 404 served nothing of it).
     async fn renew_and_retry(
-        &self,
+        self: &Arc<Self>,
         text: &str,
         parsed: Option<&Value>,
     ) -> Result<Answer, Unreachable> {
@@ -306,6 +315,7 @@ impl Bridge {
         self.learn_session(&renewed);
         self.post(&initialized.to_string(), Some(&initialized), false)
             .await?;
+        self.start_listening();
         self.post(text, parsed, true).await
     }
 
@@ -474,8 +484,60 @@ impl Bridge {
         }
     }
 
+    /// Reads the endpoint's own stream of the session (a GET on the MCP
+    /// path): what it sends outside any request's answer, e.g. an
+    /// elicitation sent in the background, is written to the client. Made
+    /// again a second after it ends, while the session lasts; not at all
+    /// when the endpoint offers none (405) or the session has none.
+    fn start_listening(self: &Arc<Self>) {
+        let sid = self.session.lock().ok().and_then(|s| s.id.clone());
+        let Some(sid) = sid else { return };
+        let me = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            loop {
+                let still = me.session.lock().ok().and_then(|s| s.id.clone());
+                if still.as_deref() != Some(sid.as_str()) {
+                    return;
+                }
+                match me.listen_once(&sid).await {
+                    Ok(status) if status >= 400 => return,
+                    _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+        });
+        if let Ok(mut slot) = self.listener.lock() {
+            if let Some(old) = slot.replace(task) {
+                old.abort();
+            }
+        }
+    }
+
+    async fn listen_once(&self, sid: &str) -> Result<u16, Unreachable> {
+        let version = self.session.lock().ok().and_then(|s| s.version.clone());
+        let mut req = hyper::Request::builder()
+            .method("GET")
+            .uri(&self.target.path)
+            .header("Host", &self.target.authority)
+            .header("Accept", "text/event-stream")
+            .header("Mcp-Session-Id", sid);
+        if let Some(v) = version {
+            req = req.header("MCP-Protocol-Version", v);
+        }
+        if let Some(t) = &self.target.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Unreachable(format!("cannot build the request: {e}")))?;
+        let resp = self.send(req).await?;
+        read_answer(resp, Some(&self.out)).await.map(|a| a.status)
+    }
+
     /// At the end: the MCP session is ended on the endpoint (bounded).
     async fn close_session(&self) {
+        if let Some(task) = self.listener.lock().ok().and_then(|mut l| l.take()) {
+            task.abort();
+        }
         let sid = self.session.lock().ok().and_then(|s| s.id.clone());
         let Some(sid) = sid else { return };
         let mut req = hyper::Request::builder()

@@ -95,11 +95,16 @@ fn scenario(args: &[&str]) -> String {
 /// A running endpoint on the built-in cell with one agent principal,
 /// serving JSON-RPC (`/rpc`, for the test's own checks) and MCP (`/mcp`).
 fn endpoint(dir: &Path) -> (Server, String) {
+    endpoint_with(dir, "")
+}
+
+/// [`endpoint`] with `extra` top-level config lines.
+fn endpoint_with(dir: &Path, extra: &str) -> (Server, String) {
     let cfg = dir.join("tether.toml");
     let digest = hex::encode(tether_server::auth::token_digest(AGENT_TOKEN));
     std::fs::write(
         &cfg,
-        format!("builtin_cell = true\n\n[[principals]]\nid = \"planner\"\nkind = \"agent\"\ntoken_sha256 = \"{digest}\"\n"),
+        format!("builtin_cell = true\n{extra}\n[[principals]]\nid = \"planner\"\nkind = \"agent\"\ntoken_sha256 = \"{digest}\"\n"),
     )
     .expect("config");
     let server = Server::start_with(
@@ -215,6 +220,24 @@ fn an_estop_through_the_bridge_is_answered_while_a_motion_runs_there() {
         moves.iter().any(|r| r["status"] == "cancelled"),
         "{moves:?}"
     );
+}
+
+/// A held call through the bridge: the endpoint's policy holds it, and its
+/// URL elicitation (the console's page for the approval) reaches the host.
+#[test]
+fn a_held_call_through_the_bridge_sends_the_host_to_the_approval() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("policy.cedar"),
+        include_str!("../../../examples/operators/policy.cedar"),
+    )
+    .expect("policy");
+    let (_server, url) = endpoint_with(
+        dir.path(),
+        "policy = \"policy.cedar\"\nconsole_url = \"http://127.0.0.1:7878/console/\"\n",
+    );
+    let out = bridge_scenario("held_to_console", "legacy", &url, &[]);
+    assert!(out.contains("held_to_console ok"), "{out}");
 }
 
 #[test]

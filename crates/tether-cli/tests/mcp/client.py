@@ -19,7 +19,8 @@ Scenarios:
                a held call (stdio, with --config naming a holding policy and a
                console_url) is answered as held, naming the approval, its reason
                and quorum; a host that supports URL elicitation is sent the
-               console's page for that approval
+               console's page for that approval (also through the bridge,
+               against `tether serve --config` with the same config)
     endpoint_lost
                (bridge, with --kill-pid of the endpoint) the endpoint dies
                mid-session: a tool call and the e-stop answer an error at once
@@ -57,14 +58,14 @@ def text_of(result) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
 
 
-def client_for(args: argparse.Namespace, token: str | None) -> Client:
+def client_for(args: argparse.Namespace, token: str | None, **extra) -> Client:
     if args.transport == "bridge":
         # `tether mcp --endpoint URL`: stdio here, a running endpoint there.
         env = {"TETHER_LOG": "warn"}
         if token:
             env["TETHER_TOKEN"] = token
         params = StdioServerParameters(command=args.bin, args=["mcp", "--endpoint", args.url], env=env)
-        return Client(params, mode=args.mode, read_timeout_seconds=30)
+        return Client(params, mode=args.mode, read_timeout_seconds=30, **extra)
     if args.transport == "stdio":
         params = StdioServerParameters(
             command=args.bin,
@@ -255,12 +256,16 @@ async def held_to_console(args: argparse.Namespace) -> None:
         from mcp import types
         return types.ElicitResult(action="accept")
 
-    params = StdioServerParameters(
-        command=args.bin,
-        args=["mcp", "--config", args.config, "--state-dir", args.state_dir],
-        env={"TETHER_LOG": "warn", "TETHER_TOKEN": args.token},
-    )
-    async with Client(params, mode=args.mode, read_timeout_seconds=30, elicitation_callback=on_elicit) as client:
+    if args.transport == "bridge":
+        opened = client_for(args, args.token, elicitation_callback=on_elicit)
+    else:
+        params = StdioServerParameters(
+            command=args.bin,
+            args=["mcp", "--config", args.config, "--state-dir", args.state_dir],
+            env={"TETHER_LOG": "warn", "TETHER_TOKEN": args.token},
+        )
+        opened = Client(params, mode=args.mode, read_timeout_seconds=30, elicitation_callback=on_elicit)
+    async with opened as client:
         result = await client.call_tool("thermostat-1__setpoint", {"target_temperature": 72.5})
         check(result.is_error, "a hot setpoint is held", text_of(result))
         text = text_of(result)
