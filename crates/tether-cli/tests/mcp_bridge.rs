@@ -249,6 +249,65 @@ fn a_lost_endpoint_answers_tool_calls_and_the_estop_with_an_error_at_once() {
     assert!(out.contains("endpoint_lost ok"), "{out}");
 }
 
+/// The endpoint restarts (killed, then started again on the same address and
+/// state directory) while the host's MCP session is open: the bridge makes a
+/// new session with the host's own `initialize`, and the next call runs.
+#[test]
+fn a_restarted_endpoint_gets_a_new_session_and_the_next_call_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = peers::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let start = |dir: &Path| {
+        let cfg = dir.join("tether.toml");
+        let digest = hex::encode(tether_server::auth::token_digest(AGENT_TOKEN));
+        std::fs::write(
+            &cfg,
+            format!("builtin_cell = true\n\n[[principals]]\nid = \"planner\"\nkind = \"agent\"\ntoken_sha256 = \"{digest}\"\n"),
+        )
+        .expect("config");
+        Server::start_with(
+            Transport::Http,
+            Some(&dir.join("state")),
+            &[
+                OsStr::new("--config"),
+                cfg.as_os_str(),
+                OsStr::new("--mcp-http"),
+                OsStr::new(&addr),
+            ],
+        )
+    };
+    let mut first = start(dir.path());
+    let url = format!("http://{addr}/mcp");
+    let signal = dir.path().join("signal").display().to_string();
+    let (url2, signal2) = (url.clone(), signal.clone());
+    let client = std::thread::spawn(move || {
+        bridge_scenario(
+            "endpoint_restarted",
+            "legacy",
+            &url2,
+            &["--signal", &signal2],
+        )
+    });
+    let ready = PathBuf::from(format!("{signal}.ready"));
+    let deadline = Instant::now() + common::TIMEOUT;
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the scenario never got ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.kill();
+    let second = start(dir.path());
+    std::fs::write(format!("{signal}.restarted"), b"").expect("signal");
+    let out = client.join().expect("scenario");
+    assert!(out.contains("endpoint_restarted ok"), "{out}");
+    // The second endpoint ran the call: its chain holds the setpoint.
+    let setpoints = receipts_of(&dir.path().join("state"), "cap.thermal.setpoint.v1");
+    assert!(
+        setpoints.iter().any(|r| r["status"] == "completed"),
+        "{setpoints:?}"
+    );
+    drop(second);
+}
+
 #[test]
 fn an_unreachable_endpoint_answers_initialize_with_an_error() {
     // A port nothing listens on.

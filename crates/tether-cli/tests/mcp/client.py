@@ -24,6 +24,9 @@ Scenarios:
     endpoint_lost
                (bridge, with --kill-pid of the endpoint) the endpoint dies
                mid-session: a tool call and the e-stop answer an error at once
+    endpoint_restarted
+               (bridge, with --signal PATH) the endpoint restarts mid-session;
+               the next call completes in a new MCP session
 """
 
 from __future__ import annotations
@@ -305,9 +308,30 @@ async def endpoint_lost(args: argparse.Namespace) -> None:
     print(f"endpoint_lost ok ({args.mode})")
 
 
+async def endpoint_restarted(args: argparse.Namespace) -> None:
+    """Through the bridge (2025-11-25, MCP sessions): the endpoint restarts
+    mid-session (the test kills it and starts another on the same address
+    when SIGNAL.ready appears, then writes SIGNAL.restarted); the next call
+    completes in a new session the bridge made."""
+    import os
+
+    async with client_for(args, args.token) as client:
+        before = await read_state(client, THERMO)
+        open(args.signal + ".ready", "w").close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(args.signal + ".restarted"):
+            check(time.monotonic() < deadline, "the endpoint was restarted within 30 s")
+            await anyio.sleep(0.1)
+        acted = await client.call_tool(f"{THERMO}__setpoint", {"target_temperature": 31})
+        check(not acted.is_error, "a call after the restart completes", text_of(acted))
+        after = await read_state(client, THERMO)
+        check(after["state"]["setpoint"] == 31, "the restarted endpoint ran it", (before, after))
+    print(f"endpoint_restarted ok ({args.mode})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token", "held_to_console", "endpoint_lost"])
+    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token", "held_to_console", "endpoint_lost", "endpoint_restarted"])
     parser.add_argument("--transport", choices=["stdio", "http", "bridge"], required=True)
     parser.add_argument("--mode", choices=["legacy", "auto"], required=True)
     parser.add_argument("--bin")
@@ -316,6 +340,7 @@ def main() -> int:
     parser.add_argument("--token")
     parser.add_argument("--config")
     parser.add_argument("--kill-pid")
+    parser.add_argument("--signal")
     args = parser.parse_args()
     scenario = {
         "governed": governed,
@@ -324,6 +349,7 @@ def main() -> int:
         "no_token": no_token,
         "held_to_console": held_to_console,
         "endpoint_lost": endpoint_lost,
+        "endpoint_restarted": endpoint_restarted,
     }[args.scenario]
     async def bounded() -> None:
         # Every wait is bounded: a hung endpoint fails the test, never stalls it.
