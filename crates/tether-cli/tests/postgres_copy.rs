@@ -52,7 +52,8 @@ fn write_config(dir: &Path) -> PathBuf {
     let path = dir.join("tether.toml");
     std::fs::write(
         &path,
-        "devices = [\"thermostat-1.toml\", \"relay-1.toml\"]\noverlay = \"site-limits.json\"\n",
+        // Checkpoints signed often, so the chain holds some to copy.
+        "devices = [\"thermostat-1.toml\", \"relay-1.toml\"]\noverlay = \"site-limits.json\"\n[evidence]\ncheckpoint_every_entries = 2\ncheckpoint_every_ms = 50\n",
     )
     .expect("config");
     path
@@ -106,6 +107,20 @@ fn a_sqlite_state_directory_copied_into_postgres_keeps_its_chain_and_replays() {
     let state = dir.path().join("state");
     let db = state.join(tether_store::DB_FILE_NAME);
 
+    // A signing key: the endpoint signs checkpoints into the chain.
+    let keys = tether(&[
+        "keys".as_ref(),
+        "init".as_ref(),
+        "--state-dir".as_ref(),
+        state.as_os_str(),
+    ]);
+    assert_eq!(keys.code, Some(0), "{}", keys.stderr);
+    let public = keys
+        .stdout_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("public key:").map(|k| k.trim().to_owned()))
+        .expect("public key");
+
     // Fill the embedded store through a real endpoint.
     let mut first = serve(&state, &cfg, None);
     let sid = first.session();
@@ -115,6 +130,8 @@ fn a_sqlite_state_directory_copied_into_postgres_keeps_its_chain_and_replays() {
         let r = first.command(json!({"session_id": sid, "device_id": THERMOSTAT, "capability_id": "cap.thermal.setpoint.v1", "command_id": format!("copy-set-{i}"), "input": {"target_temperature": t}}));
         assert_eq!(r["status"], "completed", "{r}");
     }
+    let saved = state.join("evidence-checkpoint.json");
+    common::poll_until("a signed checkpoint", common::TIMEOUT, || saved.exists());
     let url = pg::migrated_database("copy");
 
     // While the endpoint has the directory open, the copy is refused and
@@ -196,6 +213,42 @@ fn a_sqlite_state_directory_copied_into_postgres_keeps_its_chain_and_replays() {
     );
     assert!(
         verify.stdout_text().starts_with("ok"),
+        "{}",
+        verify.stdout_text()
+    );
+    // The signed checkpoints came along: they verify with the key, and the
+    // checkpoint saved beside the SQLite store is held by the copy.
+    let signed: u64 = pg::psql_on(
+        &url,
+        "SELECT count(*) FROM events WHERE line LIKE '%\"kind\":\"evidence.checkpoint\"%'",
+    )
+    .parse()
+    .expect("count");
+    assert!(signed > 0, "no checkpoint entries were copied");
+    // (`audit verify --pubkey` reads an export of a PostgreSQL store.)
+    let export = tether(&["audit", "export", "--store", &url]);
+    assert_eq!(export.code, Some(0), "{}", export.stderr);
+    let exported = dir.path().join("copy.jsonl");
+    std::fs::write(&exported, &export.stdout).expect("export file");
+    let verify = tether(&[
+        "audit".as_ref(),
+        "verify".as_ref(),
+        "--file".as_ref(),
+        exported.as_os_str(),
+        "--pubkey".as_ref(),
+        public.as_str().as_ref(),
+        "--checkpoint".as_ref(),
+        saved.as_os_str(),
+    ]);
+    assert_eq!(
+        verify.code,
+        Some(0),
+        "{} {}",
+        verify.stdout_text(),
+        verify.stderr
+    );
+    assert!(
+        verify.stdout_text().contains("saved checkpoint: held"),
         "{}",
         verify.stdout_text()
     );
