@@ -223,6 +223,9 @@ struct Answer {
     any: bool,
     /// The protocol version an initialize result named.
     version: Option<String>,
+    /// Messages not written as they came: those of a 404, which is
+    /// answered by a new session when the bridge had one.
+    held: Vec<Value>,
     /// The body, when it was not JSON-RPC (for messages).
     raw: String,
 }
@@ -330,6 +333,9 @@ impl Bridge {
     ) {
         if method == Some("initialize") {
             self.learn_session(&a);
+        }
+        for m in &a.held {
+            let _ = self.out.send(m.to_string()).await;
         }
         if let (Some(id), false) = (id, a.answered) {
             if a.status >= 300 || !a.any {
@@ -449,7 +455,11 @@ impl Bridge {
             .body(Full::new(Bytes::from(text.to_owned())))
             .map_err(|e| Unreachable(format!("cannot build the request: {e}")))?;
         let resp = self.send(req).await?;
-        read_answer(resp, to_client.then_some(&self.out)).await
+        let request = parsed
+            .filter(|v| v.get("method").is_some())
+            .and_then(|v| v.get("id"))
+            .cloned();
+        read_answer(resp, to_client.then_some(&self.out), request).await
     }
 
     async fn send(
@@ -530,7 +540,9 @@ impl Bridge {
             .body(Full::new(Bytes::new()))
             .map_err(|e| Unreachable(format!("cannot build the request: {e}")))?;
         let resp = self.send(req).await?;
-        read_answer(resp, Some(&self.out)).await.map(|a| a.status)
+        read_answer(resp, Some(&self.out), None)
+            .await
+            .map(|a| a.status)
     }
 
     /// At the end: the MCP session is ended on the endpoint (bounded).
@@ -608,6 +620,7 @@ fn base64(bytes: &[u8]) -> String {
 async fn read_answer(
     resp: hyper::Response<hyper::body::Incoming>,
     sink: Option<&mpsc::Sender<String>>,
+    request: Option<Value>,
 ) -> Result<Answer, Unreachable> {
     let status = resp.status().as_u16();
     let session = resp
@@ -620,10 +633,16 @@ async fn read_answer(
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("text/event-stream"));
+    // A 404 may be a lost session the caller answers with a new one: its
+    // messages wait for that decision.
+    let sink = if status == 404 { None } else { sink };
     let mut body = resp.into_body();
     let mut buf: Vec<u8> = Vec::new();
     let mut messages = Vec::new();
-    let mut seen = Seen::default();
+    let mut seen = Seen {
+        request,
+        ..Seen::default()
+    };
     loop {
         let frame = match tokio::time::timeout(IDLE_TIMEOUT, body.frame()).await {
             Ok(Some(Ok(f))) => f,
@@ -663,6 +682,7 @@ async fn read_answer(
         answered: seen.answered,
         any: seen.any,
         version: seen.version,
+        held: seen.held,
         raw,
     })
 }
@@ -670,23 +690,39 @@ async fn read_answer(
 /// What the messages of an answer showed, as they were passed on.
 #[derive(Default)]
 struct Seen {
+    /// The id of the request this answers, if it was one.
+    request: Option<Value>,
     answered: bool,
     any: bool,
     version: Option<String>,
+    held: Vec<Value>,
 }
 
 impl Seen {
     async fn pass(&mut self, messages: &mut Vec<Value>, sink: Option<&mpsc::Sender<String>>) {
-        for m in messages.drain(..) {
+        for mut m in messages.drain(..) {
             self.any = true;
-            if m.get("id").is_some() && m.get("method").is_none() {
-                self.answered = true;
+            let response = m.get("method").is_none()
+                && (m.get("result").is_some() || m.get("error").is_some());
+            if let (true, Some(id)) = (response, &self.request) {
+                // A refusal made before the body was read (401, 413, ...)
+                // cannot name the request; it is this request's answer, and
+                // a client waits for an answer under its own id.
+                if m.get("id").is_none_or(Value::is_null) {
+                    m["id"] = id.clone();
+                }
+                if m.get("id") == Some(id) {
+                    self.answered = true;
+                }
             }
             if let Some(v) = m.pointer("/result/protocolVersion").and_then(Value::as_str) {
                 self.version = Some(v.to_owned());
             }
-            if let Some(out) = sink {
-                let _ = out.send(m.to_string()).await;
+            match sink {
+                Some(out) => {
+                    let _ = out.send(m.to_string()).await;
+                }
+                None => self.held.push(m),
             }
         }
     }

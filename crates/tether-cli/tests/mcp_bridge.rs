@@ -308,6 +308,27 @@ fn a_restarted_endpoint_gets_a_new_session_and_the_next_call_runs() {
     drop(second);
 }
 
+/// Without the caller's token the endpoint refuses (401, before it reads the
+/// body); the bridge answers that refusal under the request's own id, so the
+/// client fails at once instead of waiting for an answer.
+#[test]
+fn a_caller_without_a_token_is_refused_through_the_bridge() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, url) = endpoint(dir.path());
+    let out = scenario(&[
+        "no_token",
+        "--transport",
+        "bridge",
+        "--mode",
+        "legacy",
+        "--bin",
+        BIN,
+        "--url",
+        &url,
+    ]);
+    assert!(out.contains("no_token ok"), "{out}");
+}
+
 #[test]
 fn an_unreachable_endpoint_answers_initialize_with_an_error() {
     // A port nothing listens on.
