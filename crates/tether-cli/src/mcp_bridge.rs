@@ -96,8 +96,8 @@ struct Session {
     id: Option<String>,
     /// The negotiated protocol version (from the initialize result).
     version: Option<String>,
-    /// The client's initialize request and whether it sent `initialized`,
-    /// to make a new session when the endpoint lost this one.
+    /// The client's initialize request, to make a new session with when the
+    /// endpoint lost this one.
     init: Option<Value>,
 }
 
@@ -770,6 +770,20 @@ mod tests {
         take_events(&mut buf, &mut out);
         assert_eq!(out, vec![json!({"jsonrpc": "2.0", "id": 1, "result": {}})]);
         assert_eq!(buf, b"data: {\"partial");
+    }
+
+    #[test]
+    fn an_event_cut_inside_a_character_is_whole_once_the_rest_arrives() {
+        let whole = "data: {\"text\":\"é\"}\n\n".as_bytes().to_vec();
+        let cut = whole.iter().position(|b| *b == 0xc3).unwrap() + 1;
+        let mut buf = whole[..cut].to_vec();
+        let mut out = Vec::new();
+        take_events(&mut buf, &mut out);
+        assert!(out.is_empty());
+        buf.extend_from_slice(&whole[cut..]);
+        take_events(&mut buf, &mut out);
+        assert_eq!(out, vec![json!({"text": "é"})]);
+        assert!(buf.is_empty());
     }
 
     #[test]
