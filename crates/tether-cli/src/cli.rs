@@ -76,6 +76,11 @@ pub enum Command {
         /// instead of refusing to start (without a value: up to a day).
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "86400")]
         wait_for_devices: Option<u64>,
+        /// Bridge to a running endpoint instead of starting one: its MCP
+        /// URL (`http://HOST:PORT/mcp` of `tether serve --mcp-http`). Every
+        /// call is decided by that endpoint's kernel, with this caller's token.
+        #[arg(long, value_name = "URL", conflicts_with_all = ["config", "state_dir"])]
+        endpoint: Option<String>,
     },
     /// Check a config (or a single device manifest, or a `.cedar` policy
     /// against the built-in cell) and print every defect. A config's policy is
@@ -131,7 +136,8 @@ pub enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
-    /// Manage a PostgreSQL store: create or upgrade its schema.
+    /// Manage a PostgreSQL store: create or upgrade its schema, or copy an
+    /// embedded store into it.
     Store {
         #[command(subcommand)]
         action: StoreAction,
@@ -414,5 +420,17 @@ pub enum StoreAction {
         /// PGPASSWORD or a passfile).
         #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
         store: String,
+    },
+    /// Move an embedded store's state (chain, receipts, latches, approvals,
+    /// budgets, revisions, open operations, invocations) into a PostgreSQL
+    /// store that holds nothing yet; verified before and after it commits.
+    /// Refused while an endpoint has the state directory open.
+    Copy {
+        /// The state directory whose `tether.db` is copied (left unchanged).
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        /// The PostgreSQL store (made by `tether store migrate`, still empty).
+        #[arg(long, value_name = "URL")]
+        to: String,
     },
 }

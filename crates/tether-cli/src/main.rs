@@ -7,7 +7,8 @@
 //! and maps its outcome to an exit code. The command line is in `cli`; the
 //! endpoint config in `config`; `serve` (with `endpoint`) serves, `check`,
 //! `describe` and `audit` report, `safety` and `approvals` are the operator's
-//! commands (over `rpc` to a running endpoint), `sim` drives the simulator.
+//! commands (over `rpc` to a running endpoint), `sim` drives the simulator,
+//! `mcp_bridge` serves stdio MCP as a client of a running endpoint.
 
 mod approvals;
 mod audit;
@@ -22,6 +23,7 @@ mod evidence;
 mod fleet;
 mod follow;
 mod keys;
+mod mcp_bridge;
 mod rpc;
 mod safety;
 mod serve;
@@ -103,11 +105,17 @@ fn run_endpoint(command: Command) -> anyhow::Result<ExitCode> {
             },
         ),
         Command::Mcp {
+            token_env,
+            endpoint: Some(endpoint),
+            ..
+        } => mcp_bridge::run(&endpoint, &token_env),
+        Command::Mcp {
             config,
             state_dir,
             store,
             token_env,
             wait_for_devices,
+            endpoint: None,
         } => serve::mcp(
             config,
             store::StoreChoice {

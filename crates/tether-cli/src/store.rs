@@ -88,5 +88,66 @@ pub fn store(action: StoreAction) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        StoreAction::Copy { from, to } => copy(&from, &to),
     }
+}
+
+/// `tether store copy --from DIR --to URL`.
+fn copy(from: &Path, to: &str) -> anyhow::Result<ExitCode> {
+    if let Some(pid) = holder_of(from)? {
+        anyhow::bail!(
+            "{} is in use by process {pid} (a running endpoint?): stop every endpoint on it, then copy; nothing was copied",
+            from.display()
+        );
+    }
+    let r = tether_store::postgres::copy_sqlite_to_url(from, to)
+        .with_context(|| format!("copying {} into {to}", from.display()))?;
+    println!(
+        "copied {} into {to}: {} chain entries (head seq {}, {}), {} receipts, {} revisions, {} latches, {} budget rows, {} open operations, {} approvals, {} invocations",
+        from.display(),
+        r.entries,
+        r.head_seq,
+        r.head_hash,
+        r.receipts,
+        r.revisions,
+        r.latches,
+        r.budget_rows,
+        r.open_ops,
+        r.approvals,
+        r.invocations
+    );
+    println!(
+        "verified: the chain on {to} checks entry by entry and ends at the copied head; the source is unchanged (serve with --store {to} from now on)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The id of another process that has the SQLite store of `dir` open, if
+/// any. In WAL mode every connection holds a shared lock on the wal-index's
+/// "dead man switch" byte (offset 128 of `tether.db-shm`, see SQLite's
+/// walformat document) for as long as it is open; asking whether a write
+/// lock there would be granted names a holder without taking anything.
+fn holder_of(dir: &Path) -> anyhow::Result<Option<i32>> {
+    use std::os::fd::AsRawFd;
+    let shm = dir.join(format!("{}-shm", tether_store::DB_FILE_NAME));
+    let file = match std::fs::OpenOptions::new().read(true).open(&shm) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", shm.display())),
+    };
+    // SAFETY: a zeroed `flock` is a valid value of the plain C struct; the
+    // fields that matter are set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = 128;
+    lock.l_len = 1;
+    // SAFETY: F_GETLK only reads and writes `lock`, which outlives the call,
+    // on a descriptor `file` keeps open.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("asking who holds {}", shm.display()));
+    }
+    Ok((lock.l_type != libc::F_UNLCK as libc::c_short).then_some(lock.l_pid))
 }

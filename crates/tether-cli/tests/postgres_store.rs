@@ -152,3 +152,94 @@ fn a_password_on_the_command_line_is_refused() {
     assert_eq!(run.code, Some(2), "{}", run.stderr);
     assert!(run.stderr.contains("PGPASSWORD"), "{}", run.stderr);
 }
+
+/// The role SQL of docs/STORE.md ("The role an endpoint needs"), for the
+/// database `db`, with `endpoint` and `auditor` as the role names.
+fn documented_role_sql(db: &str, endpoint: &str, auditor: &str) -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/STORE.md"))
+        .expect("docs/STORE.md");
+    let section = doc
+        .split("## The role an endpoint needs")
+        .nth(1)
+        .expect("the role section");
+    let sql = section
+        .split("```sql")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the role SQL");
+    sql.replace("tether_endpoint", endpoint)
+        .replace("tether_auditor", auditor)
+        .replace("DATABASE tether ", &format!("DATABASE {db} "))
+}
+
+#[test]
+fn an_endpoint_serves_with_the_documented_role_which_cannot_rewrite_the_chain() {
+    let url = pg::migrated_database("roles");
+    let (server, db) = url.rsplit_once('/').expect("db");
+    let endpoint = format!("ep_{db}");
+    let auditor = format!("au_{db}");
+    pg::psql_on(&url, &documented_role_sql(db, &endpoint, &auditor));
+    let as_endpoint = server.replacen(
+        "postgres://postgres@",
+        &format!("postgres://{endpoint}@"),
+        1,
+    );
+    let as_endpoint = format!("{as_endpoint}/{db}");
+
+    // The endpoint, with only the documented rights, takes commands and
+    // e-stops; another process replays from it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut first = serve_on(&as_endpoint, dir.path());
+    let sid = first.session();
+    let done = first.command(json!({"session_id": sid, "device_id": RELAY, "capability_id": "cap.io.relay.v1", "command_id": "role-1", "input": {"channel": 1, "on": true}}));
+    assert_eq!(done["status"], "completed", "{done}");
+    first.kill();
+    let stop = tether(&[
+        "estop",
+        "--store",
+        &as_endpoint,
+        "--device",
+        RELAY,
+        "--reason",
+        "role test",
+    ]);
+    assert_eq!(stop.code, Some(0), "{}", stop.stderr);
+    let verify = tether(&["audit", "verify", "--store", &as_endpoint]);
+    assert_eq!(verify.code, Some(0), "{}", verify.stdout_text());
+
+    // What it may not do: rewrite or remove entries, receipts or the head,
+    // or change the schema.
+    for sql in [
+        "DELETE FROM events",
+        "UPDATE events SET line = line",
+        "DELETE FROM receipts",
+        "UPDATE receipts SET input_digest = ''",
+        "TRUNCATE events",
+        "DELETE FROM chain_head",
+        "DROP TABLE events",
+        "ALTER TABLE events ADD COLUMN x int",
+        "CREATE TABLE intruder(x int)",
+    ] {
+        let e = pg::psql_refused(&as_endpoint, sql);
+        assert!(
+            e.contains("permission denied") || e.contains("must be owner"),
+            "{sql}: {e}"
+        );
+    }
+    // The auditor reads and verifies, and writes nothing.
+    let as_auditor = format!(
+        "{}/{db}",
+        server.replacen("postgres://postgres@", &format!("postgres://{auditor}@"), 1)
+    );
+    let verify = tether(&["audit", "verify", "--store", &as_auditor]);
+    assert_eq!(verify.code, Some(0), "{}", verify.stdout_text());
+    let e = pg::psql_refused(&as_auditor, "INSERT INTO latches VALUES ('x', true, '{}')");
+    assert!(e.contains("permission denied"), "{e}");
+    assert_eq!(
+        pg::psql_on(
+            &url,
+            "SELECT count(*) FROM receipts WHERE command_id = 'role-1'"
+        ),
+        "1"
+    );
+}

@@ -20,22 +20,27 @@
 //! | module | owns |
 //! |---|---|
 //! | `conn` | the URL, the password's source, one connection, bounded calls |
+//! | `tls` | `sslmode` / `sslrootcert` and the rustls client (ring provider) |
 //! | `schema` | the numbered migrations, `schema_version`, `migrate` |
 //! | `head` | the chain head and the `chain_head` row |
 //! | `apply` | the writer's backend: one transaction per batch |
 //! | `read` | the `Store` queries and the chain export |
 //! | `listen` | `LISTEN tether_change`: wakes the governed-stop watcher |
 //! | `verify` | `audit verify` of a PostgreSQL store |
+//! | `copy` | `tether store copy`: a SQLite store's state moved in, verified |
 
 mod apply;
 mod conn;
+mod copy;
 mod head;
 mod listen;
 mod read;
 mod schema;
+mod tls;
 mod verify;
 
 pub use conn::is_postgres_url;
+pub use copy::{copy_sqlite_to_url, CopyReport};
 pub use schema::PG_SCHEMA_VERSION;
 pub use verify::verify_url;
 

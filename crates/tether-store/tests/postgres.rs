@@ -304,3 +304,150 @@ fn two_endpoints_drawing_from_one_capped_budget_never_exceed_it() {
     let v = verify_url(&url).expect("verify");
     assert!(v.ok && v.entries == 50, "{v:?}");
 }
+
+/// Everything a SQLite store holds: receipts, revisions, latches, budget
+/// draws (one released), open operations, approvals (one updated later),
+/// invocations (a copied record and one indexed at its entry).
+fn fill_sqlite(s: &tether_store::SqliteStore) {
+    use tether_store::{ApprovalRow, BudgetRow, InvocationRef, InvocationRow, OpenOp, RevisionRow};
+    for i in 0..5 {
+        s.commit_blocking(command(&format!("copy-{i}")))
+            .expect("command");
+    }
+    let draw = |id: &str, ts_ms: u64| BudgetRow {
+        key: "dev1/energy".into(),
+        reservation_id: id.into(),
+        amount: 1.25,
+        ts_ms,
+        released: false,
+        cap: None,
+    };
+    let approval = |status: &str| ApprovalRow {
+        approval_id: "appr-1".into(),
+        record: json!({"status": status}),
+    };
+    s.commit_blocking(Commit {
+        events: vec![
+            EventDraft {
+                kind: "misc".into(),
+                body: json!({"n": 1}).into(),
+            },
+            EventDraft {
+                kind: "invocation.accepted".into(),
+                body: json!({"invocation_id": "inv_ref", "status": "accepted"}).into(),
+            },
+        ],
+        revisions: vec![RevisionRow {
+            device_id: "dev1".into(),
+            resource: "state".into(),
+            revision: 9,
+        }],
+        latches: vec![LatchRow {
+            device_id: "dev1".into(),
+            latched: true,
+            info: json!({"by": "op", "reason": "copy test"}),
+        }],
+        budget_draws: vec![draw("r-1", 1_000), draw("r-2", 2_000), draw("r-0", 500)],
+        budget_releases: vec!["r-2".into()],
+        open_ops: vec![OpenOp {
+            command_id: "running-1".into(),
+            info: json!({"device_id": "dev1"}),
+        }],
+        approvals: vec![
+            approval("pending"),
+            ApprovalRow {
+                approval_id: "appr-2".into(),
+                record: json!({"status": "denied"}),
+            },
+        ],
+        invocations: vec![InvocationRow {
+            invocation_id: "inv_row".into(),
+            info: json!({"status": "done"}).into(),
+        }],
+        invocation_refs: vec![InvocationRef {
+            invocation_id: "inv_ref".into(),
+            event: 1,
+        }],
+        ..Commit::default()
+    })
+    .expect("state");
+    s.commit_blocking(Commit {
+        events: vec![EventDraft {
+            kind: "approval.vote".into(),
+            body: json!({"approval_id": "appr-1"}).into(),
+        }],
+        approvals: vec![approval("approved")],
+        ..Commit::default()
+    })
+    .expect("update");
+}
+
+#[test]
+fn a_sqlite_store_copied_in_reads_back_alike_and_a_second_copy_is_refused() {
+    use tether_store::SqliteStore;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sqlite = SqliteStore::open(dir.path()).expect("sqlite");
+    fill_sqlite(&sqlite);
+    drop(sqlite);
+    let url = pg::migrated_database("copy_lib");
+    let report = tether_store::postgres::copy_sqlite_to_url(dir.path(), &url).expect("copy");
+    assert_eq!(
+        (
+            report.receipts,
+            report.revisions,
+            report.latches,
+            report.budget_rows
+        ),
+        (5, 1, 1, 3)
+    );
+    assert_eq!(
+        (report.open_ops, report.approvals, report.invocations),
+        (1, 2, 2)
+    );
+
+    let sqlite = SqliteStore::open(dir.path()).expect("sqlite again");
+    let pg_store = PgStore::open(&url).expect("open the copy");
+    let (a, b): (&dyn Store, &dyn Store) = (&sqlite, &pg_store);
+    assert_eq!(a.chain_head().unwrap(), b.chain_head().unwrap());
+    assert_eq!(Some(report.head_seq), b.chain_head().unwrap().map(|h| h.0));
+    assert_eq!(a.revisions().unwrap(), b.revisions().unwrap());
+    assert_eq!(a.latches().unwrap(), b.latches().unwrap());
+    assert_eq!(a.open_ops().unwrap(), b.open_ops().unwrap());
+    assert_eq!(a.approvals().unwrap(), b.approvals().unwrap());
+    assert_eq!(a.approvals_since(0).unwrap(), b.approvals_since(0).unwrap());
+    assert_eq!(
+        a.budget_rows_since(0).unwrap(),
+        b.budget_rows_since(0).unwrap()
+    );
+    for id in ["inv_row", "inv_ref"] {
+        assert_eq!(a.invocation(id).unwrap(), b.invocation(id).unwrap(), "{id}");
+    }
+    for i in 0..5 {
+        let id = format!("copy-{i}");
+        assert_eq!(a.receipt(&id).unwrap(), b.receipt(&id).unwrap(), "{id}");
+    }
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    a.export_chain(&mut ea).unwrap();
+    b.export_chain(&mut eb).unwrap();
+    // Every entry byte for byte; the seal line after them carries the
+    // export's own time.
+    let entries = |v: &[u8]| {
+        let text = String::from_utf8(v.to_vec()).expect("utf-8");
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        lines.pop();
+        lines
+    };
+    assert!(entries(&ea) == entries(&eb), "the entries differ");
+    // The copy takes new commits on the copied chain.
+    pg_store
+        .commit_blocking(command("after"))
+        .expect("commit on the copy");
+    assert!(verify_url(&url).unwrap().ok);
+    drop(pg_store);
+
+    let again = tether_store::postgres::copy_sqlite_to_url(dir.path(), &url);
+    assert!(
+        matches!(&again, Err(StoreError::Conflict(m)) if m.contains("never merges")),
+        "{again:?}"
+    );
+}

@@ -5,6 +5,8 @@ test; any failed check exits non-zero with a message on stderr.
 
     client.py --transport stdio --bin PATH --state-dir DIR --mode legacy|auto SCENARIO
     client.py --transport http --url URL [--token T] --mode legacy|auto SCENARIO
+    client.py --transport bridge --bin PATH --url URL [--token T] --mode legacy|auto SCENARIO
+        (`tether mcp --endpoint URL`: stdio MCP bridged to a running endpoint)
 
 Scenarios:
     governed   list tools and resources, read, write, an out-of-limit action
@@ -17,7 +19,14 @@ Scenarios:
                a held call (stdio, with --config naming a holding policy and a
                console_url) is answered as held, naming the approval, its reason
                and quorum; a host that supports URL elicitation is sent the
-               console's page for that approval
+               console's page for that approval (also through the bridge,
+               against `tether serve --config` with the same config)
+    endpoint_lost
+               (bridge, with --kill-pid of the endpoint) the endpoint dies
+               mid-session: a tool call and the e-stop answer an error at once
+    endpoint_restarted
+               (bridge, with --signal PATH) the endpoint restarts mid-session;
+               the next call completes in a new MCP session
 """
 
 from __future__ import annotations
@@ -52,7 +61,14 @@ def text_of(result) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
 
 
-def client_for(args: argparse.Namespace, token: str | None) -> Client:
+def client_for(args: argparse.Namespace, token: str | None, **extra) -> Client:
+    if args.transport == "bridge":
+        # `tether mcp --endpoint URL`: stdio here, a running endpoint there.
+        env = {"TETHER_LOG": "warn"}
+        if token:
+            env["TETHER_TOKEN"] = token
+        params = StdioServerParameters(command=args.bin, args=["mcp", "--endpoint", args.url], env=env)
+        return Client(params, mode=args.mode, read_timeout_seconds=30, **extra)
     if args.transport == "stdio":
         params = StdioServerParameters(
             command=args.bin,
@@ -243,12 +259,16 @@ async def held_to_console(args: argparse.Namespace) -> None:
         from mcp import types
         return types.ElicitResult(action="accept")
 
-    params = StdioServerParameters(
-        command=args.bin,
-        args=["mcp", "--config", args.config, "--state-dir", args.state_dir],
-        env={"TETHER_LOG": "warn", "TETHER_TOKEN": args.token},
-    )
-    async with Client(params, mode=args.mode, read_timeout_seconds=30, elicitation_callback=on_elicit) as client:
+    if args.transport == "bridge":
+        opened = client_for(args, args.token, elicitation_callback=on_elicit)
+    else:
+        params = StdioServerParameters(
+            command=args.bin,
+            args=["mcp", "--config", args.config, "--state-dir", args.state_dir],
+            env={"TETHER_LOG": "warn", "TETHER_TOKEN": args.token},
+        )
+        opened = Client(params, mode=args.mode, read_timeout_seconds=30, elicitation_callback=on_elicit)
+    async with opened as client:
         result = await client.call_tool("thermostat-1__setpoint", {"target_temperature": 72.5})
         check(result.is_error, "a hot setpoint is held", text_of(result))
         text = text_of(result)
@@ -265,16 +285,62 @@ async def held_to_console(args: argparse.Namespace) -> None:
     print(f"held_to_console ok ({args.mode}): {url}")
 
 
+async def endpoint_lost(args: argparse.Namespace) -> None:
+    """Through the bridge: the endpoint is killed mid-session; a tool call and
+    the e-stop then answer at once with an error saying so (never a hang)."""
+    import os
+    import signal
+
+    async with client_for(args, args.token) as client:
+        tools = await tools_by_name(client)
+        check(f"{THERMO}__setpoint" in tools, "the endpoint's tools are listed through the bridge", sorted(tools))
+        os.kill(int(args.kill_pid), signal.SIGKILL)
+        with anyio.fail_after(20):
+            call = await client.call_tool(f"{THERMO}__setpoint", {"target_temperature": 22})
+        text = text_of(call)
+        check(call.is_error is True, "a call to a lost endpoint is an error result", text)
+        check("did not answer" in text and args.url in text, "the error names the endpoint", text)
+        with anyio.fail_after(20):
+            stop = await client.call_tool("estop", {})
+        text = text_of(stop)
+        check(stop.is_error is True, "an undeliverable e-stop is an error result", text)
+        check("E-STOP NOT DELIVERED" in text and "hardware e-stop" in text, "it says the stop was not delivered", text)
+    print(f"endpoint_lost ok ({args.mode})")
+
+
+async def endpoint_restarted(args: argparse.Namespace) -> None:
+    """Through the bridge (2025-11-25, MCP sessions): the endpoint restarts
+    mid-session (the test kills it and starts another on the same address
+    when SIGNAL.ready appears, then writes SIGNAL.restarted); the next call
+    completes in a new session the bridge made."""
+    import os
+
+    async with client_for(args, args.token) as client:
+        before = await read_state(client, THERMO)
+        open(args.signal + ".ready", "w").close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(args.signal + ".restarted"):
+            check(time.monotonic() < deadline, "the endpoint was restarted within 30 s")
+            await anyio.sleep(0.1)
+        acted = await client.call_tool(f"{THERMO}__setpoint", {"target_temperature": 31})
+        check(not acted.is_error, "a call after the restart completes", text_of(acted))
+        after = await read_state(client, THERMO)
+        check(after["state"]["setpoint"] == 31, "the restarted endpoint ran it", (before, after))
+    print(f"endpoint_restarted ok ({args.mode})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token", "held_to_console"])
-    parser.add_argument("--transport", choices=["stdio", "http"], required=True)
+    parser.add_argument("scenario", choices=["governed", "motion", "estop_during_motion", "no_token", "held_to_console", "endpoint_lost", "endpoint_restarted"])
+    parser.add_argument("--transport", choices=["stdio", "http", "bridge"], required=True)
     parser.add_argument("--mode", choices=["legacy", "auto"], required=True)
     parser.add_argument("--bin")
     parser.add_argument("--state-dir")
     parser.add_argument("--url")
     parser.add_argument("--token")
     parser.add_argument("--config")
+    parser.add_argument("--kill-pid")
+    parser.add_argument("--signal")
     args = parser.parse_args()
     scenario = {
         "governed": governed,
@@ -282,6 +348,8 @@ def main() -> int:
         "estop_during_motion": estop_during_motion,
         "no_token": no_token,
         "held_to_console": held_to_console,
+        "endpoint_lost": endpoint_lost,
+        "endpoint_restarted": endpoint_restarted,
     }[args.scenario]
     async def bounded() -> None:
         # Every wait is bounded: a hung endpoint fails the test, never stalls it.

@@ -11,11 +11,13 @@
 //!
 //! Never here: what the queries are (`apply`, `read`, `schema`, `verify`).
 
+use super::tls::{connector, hint, take_tls_params, TlsMode};
 use crate::StoreError;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 
@@ -38,7 +40,22 @@ fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
         Some(db) => {
             StoreError::Postgres(format!("{what}: {} ({})", db.message(), db.code().code()))
         }
-        None => StoreError::Postgres(format!("{what}: {e}")),
+        None => {
+            // The driver's own text is a summary ("error performing TLS
+            // handshake"); the cause below it says which check refused.
+            let mut text = format!("{what}: {e}");
+            let mut cause = std::error::Error::source(e);
+            for _ in 0..8 {
+                let Some(c) = cause else { break };
+                let more = c.to_string();
+                if !text.ends_with(&more) {
+                    text.push_str(": ");
+                    text.push_str(&more);
+                }
+                cause = c.source();
+            }
+            StoreError::Postgres(text)
+        }
     }
 }
 
@@ -47,6 +64,10 @@ fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
 #[derive(Clone)]
 pub(crate) struct PgTarget {
     pub(crate) config: Config,
+    /// The TLS connector the URL's `sslmode` asks for; `None`: no TLS.
+    pub(crate) tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    tls_mode: TlsMode,
+    tls_root: Option<PathBuf>,
     /// The URL as given (it holds no password), for messages.
     pub(crate) shown: String,
 }
@@ -67,7 +88,10 @@ impl PgTarget {
                 "{url:?} is not a PostgreSQL URL (postgres://user@host:port/dbname)"
             )));
         }
-        let mut config: Config = url
+        // `sslmode` and `sslrootcert` are Tether's to read (see `tls`).
+        let tls = take_tls_params(url)?;
+        let mut config: Config = tls
+            .rest
             .parse()
             .map_err(|e| StoreError::Invalid(format!("cannot read the store URL: {e}")))?;
         if config.get_password().is_some() {
@@ -91,8 +115,16 @@ impl PgTarget {
         config.options(format!(
             "-c synchronous_commit=on -c statement_timeout={ms} -c lock_timeout={ms}"
         ));
+        config.ssl_mode(if tls.mode == TlsMode::Disable {
+            SslMode::Disable
+        } else {
+            SslMode::Require
+        });
         Ok(Self {
             config,
+            tls: connector(tls.mode, tls.root.clone())?,
+            tls_mode: tls.mode,
+            tls_root: tls.root,
             shown: url.to_owned(),
         })
     }
@@ -207,26 +239,33 @@ impl PgConn {
         self.statements.clear();
         let config = self.target.config.clone();
         let shown = self.target.shown.clone();
-        let made = self.rt.block_on(async move {
-            tokio::time::timeout(
-                CONNECT_TIMEOUT + Duration::from_secs(1),
-                config.connect(NoTls),
-            )
-            .await
-        });
-        let (client, connection) = match made {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Err(pg_err(&format!("cannot connect to {shown}"), &e)),
+        let bound = CONNECT_TIMEOUT + Duration::from_secs(1);
+        let made = match self.target.tls.clone() {
+            None => self.rt.block_on(async move {
+                let made = tokio::time::timeout(bound, config.connect(NoTls)).await;
+                made.map(|r| r.map(|(client, conn)| (client, spawn_io(conn))))
+            }),
+            Some(tls) => self.rt.block_on(async move {
+                let made = tokio::time::timeout(bound, config.connect(tls)).await;
+                made.map(|r| r.map(|(client, conn)| (client, spawn_io(conn))))
+            }),
+        };
+        let client = match made {
+            Ok(Ok((client, ()))) => client,
+            Ok(Err(e)) => {
+                let host = match self.target.config.get_hosts().first() {
+                    Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+                    _ => String::new(),
+                };
+                let why = hint(self.target.tls_mode, self.target.tls_root.as_deref(), &host);
+                return Err(pg_err(&format!("cannot connect to {shown}{why}"), &e));
+            }
             Err(_) => {
                 return Err(StoreError::Postgres(format!(
                     "cannot connect to {shown}: no answer within {CONNECT_TIMEOUT:?}"
                 )))
             }
         };
-        // The connection's I/O runs on this runtime whenever a call blocks on it.
-        self.rt.spawn(async move {
-            let _ = connection.await;
-        });
         self.client = Some(client);
         Ok(())
     }
@@ -335,6 +374,17 @@ impl PgConn {
             }
         }
     }
+}
+
+/// Drives a connection's I/O on the runtime it was made on, whenever a call
+/// blocks on it (called inside that runtime).
+fn spawn_io<F>(connection: F)
+where
+    F: Future + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
 }
 
 /// Blocks on `fut` within [`STATEMENT_TIMEOUT`] (never called on a runtime's thread).

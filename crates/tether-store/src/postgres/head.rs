@@ -26,6 +26,11 @@ pub(super) fn seq_from_db(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative seq {v} in the store")))
 }
 
+pub(super) fn seq_to_db(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v)
+        .map_err(|_| StoreError::Corrupt(format!("seq {v} exceeds PostgreSQL's bigint range")))
+}
+
 /// The recorded head `(seq, hash)` from the `chain_head` row.
 pub(super) fn recorded_head(pg: &mut PgConn) -> Result<(u64, String), StoreError> {
     let rows = pg.query("SELECT seq, hash FROM chain_head WHERE id = 1", &[])?;

@@ -80,12 +80,34 @@ pub(crate) fn spawn(target: PgTarget, changes: Arc<Changes>) -> std::io::Result<
         .map(|_| ())
 }
 
-/// One link: connect, `LISTEN`, and count notifications until it fails.
+/// One link: connect (with the store's TLS when its URL asks for it),
+/// `LISTEN`, and count notifications until it fails.
 async fn listen_once(target: &PgTarget, changes: &Changes) {
-    let made = tokio::time::timeout(CONNECT_TIMEOUT, target.config.connect(NoTls)).await;
-    let Ok(Ok((client, mut connection))) = made else {
-        return;
-    };
+    match target.tls.clone() {
+        None => {
+            let made = tokio::time::timeout(CONNECT_TIMEOUT, target.config.connect(NoTls)).await;
+            if let Ok(Ok((client, connection))) = made {
+                drive(client, connection, changes).await;
+            }
+        }
+        Some(tls) => {
+            let made = tokio::time::timeout(CONNECT_TIMEOUT, target.config.connect(tls)).await;
+            if let Ok(Ok((client, connection))) = made {
+                drive(client, connection, changes).await;
+            }
+        }
+    }
+}
+
+/// `LISTEN` on a made link, then count notifications until it fails.
+async fn drive<S, T>(
+    client: tokio_postgres::Client,
+    mut connection: tokio_postgres::Connection<S, T>,
+    changes: &Changes,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut listening = Box::pin(async move {
         let r = client.batch_execute("LISTEN tether_change").await;
         // Keep the client alive while the connection is driven below.

@@ -25,7 +25,7 @@ pub fn verify_url(url: &str) -> Result<VerifyReport, StoreError> {
     })
 }
 
-fn verify_in_snapshot(pg: &mut PgConn) -> Result<VerifyReport, StoreError> {
+pub(super) fn verify_in_snapshot(pg: &mut PgConn) -> Result<VerifyReport, StoreError> {
     let recorded = super::head::recorded_head(pg)?;
     let indexed = highest_indexed_seq(pg)?;
     let head_rows = pg.query("SELECT COALESCE(MAX(seq), 0) FROM events", &[])?;

@@ -89,6 +89,24 @@ fn run(mut c: Command, what: &str) {
 }
 
 fn start_cluster() -> String {
+    start_cluster_with(&[], "")
+}
+
+/// A cluster of its own serving TLS with `cert_pem` (its chain) and
+/// `key_pem` (`ssl=on`; clear-text connections are still accepted, so a
+/// client that asks for no TLS gets none); answers its admin URL
+/// (`postgres://postgres@127.0.0.1:PORT`, without a database name).
+pub fn start_tls_cluster(cert_pem: &str, key_pem: &str) -> String {
+    start_cluster_with(
+        &[("server.crt", cert_pem), ("server.key", key_pem)],
+        "-c ssl=on -c ssl_cert_file={dir}/server.crt -c ssl_key_file={dir}/server.key",
+    )
+}
+
+/// Makes and starts a cluster; `files` are written into its directory
+/// (mode 0600, owned by the cluster's owner) before it starts, and `extra`
+/// server options are added, `{dir}` standing for that directory.
+fn start_cluster_with(files: &[(&str, &str)], extra: &str) -> String {
     let bin = bin_dir();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -107,6 +125,19 @@ fn start_cluster() -> String {
         .arg(&data)
         .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"]);
     run(init, "initdb");
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write a cluster file");
+        let mut c = Command::new("chmod");
+        c.arg("600").arg(&path);
+        run(c, "chmod a cluster file");
+        if is_root() {
+            let mut c = Command::new("chown");
+            c.arg("postgres:postgres").arg(&path);
+            run(c, "chown a cluster file to postgres");
+        }
+    }
+    let extra = extra.replace("{dir}", &dir.display().to_string());
     let port = free_port();
     let mut start = as_owner(&bin.join("pg_ctl"));
     start
@@ -116,7 +147,7 @@ fn start_cluster() -> String {
         .arg(dir.join("log"))
         .args(["-w", "-t", "120", "-o"])
         .arg(format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200 {extra}",
             dir.display()
         ))
         .arg("start");
@@ -184,6 +215,11 @@ pub fn psql_on(url: &str, sql: &str) -> String {
 
 /// A new, empty database of its own; returns its URL.
 pub fn fresh_database(hint: &str) -> String {
+    fresh_database_on(server(), hint)
+}
+
+/// [`fresh_database`] on the server of `admin` (`postgres://user@host:port`).
+pub fn fresh_database_on(admin: &str, hint: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let clean: String = hint
@@ -193,9 +229,36 @@ pub fn fresh_database(hint: &str) -> String {
         .collect::<String>()
         .to_ascii_lowercase();
     let name = format!("t{}_{n}_{clean}", std::process::id());
-    let admin = format!("{}/postgres", server());
-    psql_on(&admin, &format!("CREATE DATABASE {name}"));
-    format!("{}/{name}", server())
+    psql_on(
+        &format!("{admin}/postgres"),
+        &format!("CREATE DATABASE {name}"),
+    );
+    format!("{admin}/{name}")
+}
+
+/// Runs `sql` on `url` with psql, which must fail; answers its error output.
+pub fn psql_refused(url: &str, sql: &str) -> String {
+    let out = Command::new(psql())
+        .args([
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            url,
+            "-c",
+            sql,
+        ])
+        .output()
+        .expect("run psql");
+    assert!(
+        !out.status.success(),
+        "psql {sql:?} succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).trim().to_owned()
 }
 
 /// [`fresh_database`] with the Tether schema made (`migrate`).
