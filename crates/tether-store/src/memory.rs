@@ -316,6 +316,9 @@ fn parse_line(line: &str) -> Result<Value, StoreError> {
 }
 
 impl Store for MemoryStore {
+    fn writer_stats(&self) -> Option<crate::WriterStats> {
+        Some(self.stats())
+    }
     fn submit(&self, commit: Commit, done: Done) {
         self.writer.submit_owned(commit, done);
     }
