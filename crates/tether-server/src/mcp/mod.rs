@@ -347,12 +347,17 @@ impl TetherMcp {
         // the command still finishes and records its receipt.
         let kernel = self.kernel.clone();
         let caller = p.clone();
-        let task = self.conn.inflight.spawn(async move {
+        // The command's spans stay children of the call's.
+        let run = async move {
             kernel
                 .command(&caller, req, CommandOptions::plain())
                 .await
                 .map(Answer::into_value)
-        });
+        };
+        let task = self
+            .conn
+            .inflight
+            .spawn(tracing::Instrument::in_current_span(run));
         let call = RunningCall {
             principal: p,
             session_id: &sid,
