@@ -193,44 +193,11 @@ fn has(spans: &[Value], name: &str) -> bool {
     !named(spans, name).is_empty()
 }
 
-#[test]
-fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_changes_nothing() {
-    let python = python();
-    let dir = tempfile::tempdir().unwrap();
-    let mut rx = Receiver::start(&python, dir.path());
-    let cfg = config(dir.path(), rx.port);
-    let s = Server::start_with(
-        Transport::Http,
-        Some(&dir.path().join("state")),
-        &[
-            OsStr::new("--config"),
-            cfg.as_os_str(),
-            OsStr::new("--mcp-http"),
-            OsStr::new("127.0.0.1:0"),
-        ],
-    );
-
-    // /metrics needs the token (principals are configured) and parses.
-    assert_eq!(metrics(&s, &python, None).0, 401);
-    let (_, before) = metrics(&s, &python, Some(AGENT));
-    let done = "tether_commands_total{capability=cap.thermal.setpoint.v1,device=thermostat-1,outcome=completed}";
-    let denied = "tether_commands_total{capability=cap.thermal.setpoint.v1,device=thermostat-1,outcome=rejected}";
-    let envelope = "tether_refusals_total{code=MHS.SAFETY.ENVELOPE_VIOLATION}";
-    assert!(before.contains_key(done), "no commands series: {before:?}");
-
-    // JSON-RPC with a traceparent header: the request span is the caller's
-    // child, and the kernel's spans are its descendants.
-    let sid = rpc(&s, AGENT, None, "mhs.session.open", json!({}))["session_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let tp = format!("00-{RPC_TRACE}-{RPC_PARENT}-01");
-    let receipt = setpoint(&s, &sid, Some(&tp), 31.5);
-    assert_eq!(receipt["status"], "completed", "{receipt}");
-    let refused = setpoint(&s, &sid, None, 500.0);
-    assert_eq!(refused["status"], "rejected", "{refused}");
-
-    let spans = trace_spans(&rx, RPC_TRACE, |s| {
+/// The JSON-RPC command's trace: the request span is the caller's child
+/// (the `traceparent` header), the kernel's spans its descendants, with the
+/// command's attributes; nothing sent holds an input value or a token.
+fn assert_rpc_trace(rx: &Receiver) {
+    let spans = trace_spans(rx, RPC_TRACE, |s| {
         [
             "POST /rpc",
             "tether.command",
@@ -272,25 +239,19 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
             "`{secret}` leaked into a span: {all}"
         );
     }
+}
 
-    // The refused command's span carries its code (its own trace).
-    poll_until("the refused command's span", TIMEOUT, || {
-        rx.spans().iter().any(|s| {
-            s["name"] == "tether.command"
-                && s["attributes"]["refusal_code"] == "MHS.SAFETY.ENVELOPE_VIOLATION"
-                && s["attributes"]["outcome"] == "rejected"
-        })
-    });
-
+/// MCP over HTTP with `_meta.traceparent`.
+fn assert_mcp_trace(s: &Server, rx: &Receiver) {
     // MCP over HTTP with `_meta.traceparent`.
-    let maddr = mcp_addr(&s);
+    let maddr = mcp_addr(s);
     let msid = mcp_session(maddr, AGENT);
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": "thermostat-1__setpoint", "arguments": {"target_temperature": 33.0},
         "_meta": {"traceparent": format!("00-{MCP_TRACE}-{MCP_PARENT}-01")}}});
     let (answer, _) = mcp_post(maddr, AGENT, Some(&msid), &call);
     assert!(tool_text(&answer).contains("completed"), "{answer}");
-    let spans = trace_spans(&rx, MCP_TRACE, |s| {
+    let spans = trace_spans(rx, MCP_TRACE, |s| {
         has(s, "tether.command") && has(s, "tools/call")
     });
     let request = named(&spans, "tools/call")[0];
@@ -299,7 +260,10 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
     let command = named(&spans, "tether.command")[0];
     assert_eq!(command["parent_span_id"], request["span_id"]);
     assert_eq!(command["attributes"]["principal_kind"], "agent");
+}
 
+/// REST with a `traceparent` header (the command runs in its own task).
+fn assert_rest_trace(s: &Server, rx: &Receiver) {
     // REST with a traceparent header (the command runs in its own task).
     let body = json!({"input": {"target_temperature": 34.0}}).to_string();
     let headers = format!(
@@ -314,7 +278,7 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
         &headers,
     );
     assert_eq!(r.status, 202, "{}", r.text());
-    let spans = trace_spans(&rx, REST_TRACE, |s| {
+    let spans = trace_spans(rx, REST_TRACE, |s| {
         has(s, "tether.command") && has(s, "driver")
     });
     let request = named(&spans, "POST /tools/{tool}:invoke")[0];
@@ -323,6 +287,58 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
         named(&spans, "tether.command")[0]["parent_span_id"],
         request["span_id"]
     );
+}
+
+#[test]
+fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_changes_nothing() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rx = Receiver::start(&python, dir.path());
+    let cfg = config(dir.path(), rx.port);
+    let s = Server::start_with(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[
+            OsStr::new("--config"),
+            cfg.as_os_str(),
+            OsStr::new("--mcp-http"),
+            OsStr::new("127.0.0.1:0"),
+        ],
+    );
+
+    // /metrics needs the token (principals are configured) and parses.
+    assert_eq!(metrics(&s, &python, None).0, 401);
+    let (_, before) = metrics(&s, &python, Some(AGENT));
+    let done = "tether_commands_total{capability=cap.thermal.setpoint.v1,device=thermostat-1,outcome=completed}";
+    let denied = "tether_commands_total{capability=cap.thermal.setpoint.v1,device=thermostat-1,outcome=rejected}";
+    let envelope = "tether_refusals_total{code=MHS.SAFETY.ENVELOPE_VIOLATION}";
+    assert!(before.contains_key(done), "no commands series: {before:?}");
+
+    // JSON-RPC with a traceparent header: the request span is the caller's
+    // child, and the kernel's spans are its descendants.
+    let sid = rpc(&s, AGENT, None, "mhs.session.open", json!({}))["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tp = format!("00-{RPC_TRACE}-{RPC_PARENT}-01");
+    let receipt = setpoint(&s, &sid, Some(&tp), 31.5);
+    assert_eq!(receipt["status"], "completed", "{receipt}");
+    let refused = setpoint(&s, &sid, None, 500.0);
+    assert_eq!(refused["status"], "rejected", "{refused}");
+
+    assert_rpc_trace(&rx);
+
+    // The refused command's span carries its code (its own trace).
+    poll_until("the refused command's span", TIMEOUT, || {
+        rx.spans().iter().any(|s| {
+            s["name"] == "tether.command"
+                && s["attributes"]["refusal_code"] == "MHS.SAFETY.ENVELOPE_VIOLATION"
+                && s["attributes"]["outcome"] == "rejected"
+        })
+    });
+
+    assert_mcp_trace(&s, &rx);
+    assert_rest_trace(&s, &rx);
 
     // Counters moved by what ran.
     let (_, after) = metrics(&s, &python, Some(AGENT));
