@@ -42,6 +42,9 @@ pub struct TelemetryConfig {
     /// Bound on connecting to, sending to and hearing from the collector, ms
     /// (default 2000).
     pub export_timeout_ms: Option<u64>,
+    /// The share of the traces Tether starts itself that are recorded, 0 to
+    /// 1 (default 1); a request with a `traceparent` follows its caller.
+    pub sample_ratio: Option<f64>,
     /// Whether `GET /metrics` needs a bearer token when principals are
     /// configured (default true).
     pub metrics_auth: Option<bool>,
@@ -61,6 +64,14 @@ impl TelemetryConfig {
                 out.push((
                     "telemetry.otlp_protocol".into(),
                     format!("`{p}` is not offered: only `http/protobuf` (docs/TELEMETRY.md says why not gRPC)"),
+                ));
+            }
+        }
+        if let Some(r) = self.sample_ratio {
+            if !(0.0..=1.0).contains(&r) {
+                out.push((
+                    "telemetry.sample_ratio".into(),
+                    "must be between 0 and 1".into(),
                 ));
             }
         }
@@ -137,6 +148,7 @@ pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard
             .export_queue_max
             .unwrap_or(EXPORT_QUEUE_DEFAULT)
             .max(1),
+        sample_ratio: config.sample_ratio.unwrap_or(1.0),
         timeout: Duration::from_millis(
             config
                 .export_timeout_ms

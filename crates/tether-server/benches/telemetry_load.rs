@@ -44,6 +44,11 @@ fn main() {
     let callers = args.first().copied().unwrap_or(64);
     let per_caller = args.get(1).copied().unwrap_or(1500);
 
+    // TELEMETRY_SAMPLE_RATIO: `[telemetry] sample_ratio` (default 1).
+    let ratio: f64 = std::env::var("TELEMETRY_SAMPLE_RATIO")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1.0);
     let off = run_load(callers, per_caller);
     print("telemetry_off", &off, callers);
 
@@ -54,6 +59,7 @@ fn main() {
             service_name: "tether-bench".into(),
             queue_max: 2048,
             timeout: Duration::from_secs(2),
+            sample_ratio: ratio,
         })
         .expect("the exporter");
     {
@@ -71,6 +77,7 @@ fn main() {
     let on = run_load(callers, per_caller);
     print("telemetry_on", &on, callers);
     let _ = provider.shutdown();
+    println!("FIGURE telemetry_sample_ratio ratio={ratio}");
     println!(
         "FIGURE telemetry_on_vs_off throughput_ratio={:.2} cpu_ratio={:.2} spans_exported={} spans_dropped={} export_requests={} export_bytes={}",
         on.per_second() / off.per_second().max(f64::MIN_POSITIVE),

@@ -46,6 +46,10 @@ pub struct Otlp {
     pub queue_max: usize,
     /// Bound on connecting to, sending to and hearing from the collector.
     pub timeout: Duration,
+    /// The share of traces Tether starts that are recorded (0 to 1); a
+    /// request whose caller sent a `traceparent` follows the caller's
+    /// sampled flag instead.
+    pub sample_ratio: f64,
 }
 
 /// Whether `endpoint` can be exported to; why not.
@@ -75,7 +79,16 @@ pub fn provider(otlp: &Otlp) -> Result<SdkTracerProvider, String> {
         .build()
         .map_err(|e| format!("building the OTLP span exporter: {e}"))?;
     let processor = BoundedExport::start(exporter, otlp.queue_max)?;
+    let ratio = if otlp.sample_ratio.is_finite() {
+        otlp.sample_ratio.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+        opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio),
+    ));
     Ok(SdkTracerProvider::builder()
+        .with_sampler(sampler)
         .with_span_processor(processor)
         .with_resource(
             Resource::builder()
