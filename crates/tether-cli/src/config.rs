@@ -58,6 +58,10 @@ pub struct EndpointConfig {
     /// Signed checkpoints of the evidence chain (`[evidence]`, `evidence.rs`).
     #[serde(default)]
     pub evidence: crate::evidence::EvidenceConfig,
+    /// Traces over OTLP and who may read `GET /metrics` (`[telemetry]`,
+    /// `telemetry.rs`, docs/TELEMETRY.md).
+    #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// This endpoint among others on one store (`[fleet]`, `fleet.rs`).
     #[serde(default)]
     pub fleet: FleetConfig,
@@ -348,6 +352,12 @@ fn read_listed_files(
     let mut defects = Vec::new();
     if let Err(bad) = read_edge(path, &config.http) {
         defects.extend(bad);
+    }
+    for (field, message) in config.telemetry.defects() {
+        defects.push(Defect {
+            field,
+            ..defect(path, message)
+        });
     }
     for (field, message) in config.evidence.defects() {
         defects.push(Defect {

@@ -47,16 +47,21 @@ pub struct Endpoint {
 /// `TETHER_LOG=warn,opcua_client=debug` shows it.
 const LOG_DEFAULT: &str = "warn,opcua_client=off,opcua_core=off,opcua_crypto=off";
 
-/// Logging to stderr, filtered by `TETHER_LOG` (default [`LOG_DEFAULT`]).
-pub fn init_tracing() {
-    // Logs go to stderr: stdout belongs to the stdio protocols.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_DEFAULT)),
-        )
-        .init();
+/// Logging to stderr (stdout belongs to the stdio protocols), filtered by
+/// `TETHER_LOG` (default [`LOG_DEFAULT`]), and traces over OTLP when
+/// `[telemetry] otlp_endpoint` is set (`crate::telemetry`). An exporter that
+/// cannot be built leaves logging on and says why: traces are never a
+/// reason not to serve.
+pub fn init_tracing(
+    telemetry: &crate::telemetry::TelemetryConfig,
+) -> Option<crate::telemetry::Guard> {
+    match crate::telemetry::init(telemetry, LOG_DEFAULT) {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            eprintln!("tether: traces are off: {e:#}");
+            None
+        }
+    }
 }
 
 /// The loaded config, cell and authenticator; `Err(code)` once the defects

@@ -29,6 +29,7 @@ mod safety;
 mod serve;
 mod sim;
 mod store;
+mod telemetry;
 
 /// mimalloc instead of the system allocator: under 64 concurrent callers,
 /// glibc malloc's arena contention cost about a quarter of the CPU of a

@@ -66,12 +66,13 @@ pub fn serve(
     if !surfaces.stdio && surfaces.http.is_none() && surfaces.mcp_http.is_none() {
         bail!("choose a transport: --stdio, --http ADDR or --mcp-http ADDR (for example --http 127.0.0.1:7878)");
     }
-    init_tracing();
     let open_files = raise_open_files_limit();
     let prepared = match prepare(config_path.as_deref()) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
+    // Kept to the end: dropping it flushes the queued spans (bounded).
+    let _telemetry = init_tracing(&prepared.0.config.telemetry);
     let origin = config_path
         .clone()
         .unwrap_or_else(|| PathBuf::from("(built-in)"));
@@ -88,6 +89,7 @@ pub fn serve(
         tether_server::listener::Edge::default()
     } else {
         crate::edge::edge(&prepared.0, open_files)?
+            .with_metrics_open(prepared.0.config.telemetry.metrics_open())
     };
     for (which, addr) in [
         (Listener::Rpc, &surfaces.http),
@@ -308,11 +310,11 @@ pub fn mcp(
     choice: crate::store::StoreChoice,
     token_env: &str,
 ) -> anyhow::Result<ExitCode> {
-    init_tracing();
     let prepared = match prepare(config_path.as_deref()) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
+    let _telemetry = init_tracing(&prepared.0.config.telemetry);
     let principal = match stdio_principal(&prepared.2, token_env) {
         Ok(p) => p,
         Err(code) => return Ok(code),

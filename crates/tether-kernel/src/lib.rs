@@ -47,6 +47,7 @@ pub mod driver;
 mod kernel;
 pub mod lease;
 pub mod loader;
+pub mod meters;
 mod order;
 mod read;
 pub mod reference;

@@ -25,6 +25,7 @@ use crate::kernel::{Kernel, Principal};
 use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
 use std::time::Instant;
+use tracing::Instrument;
 
 use tether_core::{Code, Refusal};
 use tether_store::canonical;
@@ -96,6 +97,38 @@ impl Ctx {
     }
 }
 
+/// The span of one stage of the order: a child of the command's span,
+/// named by the stage (`otel.name`), so a trace reads as the order did.
+pub(crate) fn step_span(name: &'static str) -> tracing::Span {
+    tracing::info_span!("tether.step", otel.name = name, step = name)
+}
+
+/// Runs a synchronous stage inside its [`step_span`].
+pub(crate) fn step<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    let _entered = step_span(name).entered();
+    f()
+}
+
+/// The command's labels on its span: the capability (only one the device
+/// binds), the decision, the outcome and the refusal code — never an input
+/// value or a token.
+fn record_on_span(span: &tracing::Span, answer: &Answer, counted: &crate::meters::Counted) {
+    span.record("outcome", counted.outcome);
+    if counted.capability_known {
+        if let Some(c) = answer.string_member("capability_id") {
+            span.record("capability", c.as_ref());
+        }
+    }
+    if let Some(d) = answer.string_member("decision") {
+        if matches!(d.as_ref(), "allow" | "hold" | "deny") {
+            span.record("decision", d.as_ref());
+        }
+    }
+    if let Some(code) = counted.code {
+        span.record("refusal_code", code.as_str());
+    }
+}
+
 impl Kernel {
     /// `mhs.command` and `mhs.resource.write`: the whole evaluation order,
     /// one stage per line. Answers a receipt, also when refused; with its
@@ -111,6 +144,46 @@ impl Kernel {
     pub async fn command(
         &self,
         p: &Principal,
+        req: CommandRequest,
+        options: CommandOptions,
+    ) -> Result<Answer, ApiError> {
+        // Known devices only: a caller's string is never a label.
+        let device = self.device_index(&req.device_id);
+        let span = tracing::info_span!(
+            "tether.command",
+            device = device.map(|d| self.inner.devices[d].id()),
+            capability = tracing::field::Empty,
+            decision = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            refusal_code = tracing::field::Empty,
+            principal_kind = p.kind.as_str(),
+        );
+        let answer = self
+            .command_order(p, req, options)
+            .instrument(span.clone())
+            .await;
+        let meters = &self.inner.meters;
+        match &answer {
+            Ok(a) => {
+                let counted = meters.command(device, a);
+                if !span.is_disabled() {
+                    record_on_span(&span, a, &counted);
+                }
+            }
+            Err(e) => {
+                meters.refusal(e.code);
+                span.record("refusal_code", e.code.as_str());
+            }
+        }
+        answer
+    }
+
+    /// [`Kernel::command`]'s order, one stage per line; each stage that
+    /// runs is a child span of the command's (`tether.step`, named by the
+    /// stage), so a trace shows how far a command went.
+    async fn command_order(
+        &self,
+        p: &Principal,
         mut req: CommandRequest,
         options: CommandOptions,
     ) -> Result<Answer, ApiError> {
@@ -122,8 +195,8 @@ impl Kernel {
         if req.route == Route::Write {
             self.write_route(&mut req)?; // a write names the configure binding
         }
-        let arrival = self.arrive(p, &req)?; // the id, the device, step 2a, the deadline
-        let binding = match self.resolve_step(&req, arrival.device)? {
+        let arrival = step("arrive", || self.arrive(p, &req))?; // the id, the device, step 2a, the deadline
+        let binding = match step("resolve", || self.resolve_step(&req, arrival.device))? {
             Ok(binding) => binding, // step 3
             Err(refusal) => {
                 return Ok(self
@@ -131,22 +204,28 @@ impl Kernel {
                     .await)
             }
         };
-        let session_id = self.grant_step(p, &req, arrival.device, binding)?; // step 2b
+        let session_id = step("grant", || {
+            self.grant_step(p, &req, arrival.device, binding)
+        })?; // step 2b
         if self.is_estop_binding(arrival.device, binding) {
             return Ok(self.estop_binding(p, &req, &arrival).await); // stops skip the rest
         }
         let ctx = self.context(p, req, arrival, (binding, session_id), rider);
-        if let Err(answer) = self.claim_step(&ctx).await {
+        let claim = self.claim_step(&ctx).instrument(step_span("claim")).await;
+        if let Err(answer) = claim {
             return Ok(answer); // step 4: a replay, or a reused id refused
         }
-        match self.checks(&ctx, Effects::Real) {
-            // steps 5 to 11
+        let t_checks = Instant::now();
+        let checked = step("checks", || self.checks(&ctx, Effects::Real)); // steps 5 to 11
+        self.inner.meters.decision.observe(t_checks.elapsed());
+        match checked {
             Ok(admitted) => {
                 if let Some(tx) = on_admit {
                     // The receiver may have stopped waiting; dispatch goes on.
                     let _ = tx.send(());
                 }
-                self.dispatch(ctx, admitted, cancel).await // step 12
+                let span = step_span("dispatch");
+                self.dispatch(ctx, admitted, cancel).instrument(span).await // step 12
             }
             Err(refusal) => Ok(self.refuse_checked(&ctx, refusal).await),
         }

@@ -22,11 +22,14 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tether_core::Code;
 use tether_kernel::Kernel;
+use tracing::Instrument;
 
 #[derive(Clone)]
 struct AppState {
     kernel: Kernel,
     auth: Arc<Authenticator>,
+    /// `GET /metrics` served without a token (`[telemetry] metrics_auth = false`).
+    metrics_open: bool,
 }
 
 /// The router (exposed for in-process tests), behind the edge
@@ -34,6 +37,18 @@ struct AppState {
 /// `tls` says the listener speaks TLS (the console's cookie is then
 /// `Secure`, so a browser never sends it over plain HTTP).
 pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge, tls: bool) -> Router {
+    router_with(kernel, auth, edge, tls, false)
+}
+
+/// [`router`], with `GET /metrics` served without a token when
+/// `metrics_open` (with principals configured it needs one otherwise).
+pub fn router_with(
+    kernel: Kernel,
+    auth: Authenticator,
+    edge: Edge,
+    tls: bool,
+    metrics_open: bool,
+) -> Router {
     let auth = Arc::new(auth);
     let (rest, rest_estop) = crate::rest::router_and_estop(kernel.clone(), Arc::clone(&auth));
     let guard = Arc::new(HttpGuard {
@@ -45,9 +60,11 @@ pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge, tls: bool) -> Rou
     Router::new()
         .route("/rpc", post(rpc))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(AppState {
             kernel: kernel.clone(),
             auth: Arc::clone(&auth),
+            metrics_open,
         })
         .merge(rest)
         .merge(crate::console::router(kernel, auth, tls))
@@ -57,19 +74,48 @@ pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge, tls: bool) -> Rou
 }
 
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let span = crate::telemetry::request_span(
+        "jsonrpc",
+        "POST /rpc",
+        crate::telemetry::traceparent_header(&headers),
+    );
+    rpc_traced(state, headers, body).instrument(span).await
+}
+
+/// 401 with `WWW-Authenticate: Bearer` and a JSON-RPC error body.
+fn unauthorized(e: &tether_kernel::ApiError) -> Response {
+    let body = error_response(Value::Null, e.code, &e.message, e.details.clone());
+    let mut response = json_response(StatusCode::UNAUTHORIZED, &body);
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    response
+}
+
+/// `GET /metrics`: the kernel's counters as Prometheus text
+/// (`crate::metrics`); behind the bearer token unless opened.
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if !state.metrics_open {
+        if let Err(e) = state.auth.from_headers(&headers) {
+            return unauthorized(&e);
+        }
+    }
+    let page = crate::metrics::render(&state.kernel.meters());
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        page,
+    )
+        .into_response()
+}
+
+async fn rpc_traced(state: AppState, headers: HeaderMap, body: Body) -> Response {
     // With principals configured every request, the e-stop included, needs a
     // valid token; it is refused before the body is even read.
     let principal = match state.auth.from_headers(&headers) {
         Ok(p) => p,
-        Err(e) => {
-            let body = error_response(Value::Null, e.code, &e.message, e.details);
-            let mut response = json_response(StatusCode::UNAUTHORIZED, &body);
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
-            return response;
-        }
+        Err(e) => return unauthorized(&e),
     };
     let bytes = match crate::read_body(body, crate::REQUEST_BYTES_MAX).await {
         crate::BodyBytes::Whole(b) => b,
@@ -138,6 +184,7 @@ pub async fn serve_on(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let edge = Edge::new(listener.local_addr()?, &names);
-    let app = router(kernel, auth.clone(), edge, settings.is_tls());
+    let open = settings.metrics_open();
+    let app = router_with(kernel, auth.clone(), edge, settings.is_tls(), open);
     crate::listener::serve(listener, app, auth, settings, shutdown).await
 }

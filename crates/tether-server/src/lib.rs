@@ -20,9 +20,11 @@ pub mod edge;
 pub mod http;
 pub mod listener;
 pub mod mcp;
+pub mod metrics;
 pub mod rest;
 pub mod rpc;
 pub mod stdio;
+pub mod telemetry;
 pub mod tools;
 
 /// Disables Nagle's algorithm on an accepted connection. Answers go out in

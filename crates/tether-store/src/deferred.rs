@@ -83,6 +83,9 @@ impl Store for DeferredStore {
             Err(e) => done(Err(e)),
         }
     }
+    fn writer_stats(&self) -> Option<crate::WriterStats> {
+        self.seated.get().and_then(|s| s.writer_stats())
+    }
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         self.store()?.receipt(command_id)
     }

@@ -506,6 +506,12 @@ pub trait Store: Send + Sync + 'static {
     /// borrow before this returns, so nothing big is copied.
     fn submit_ref(&self, commit: &Commit, done: Done);
 
+    /// The writer's counters (batches, commits, the largest batch), for
+    /// `GET /metrics`; `None` for a store that keeps none. Atomics only.
+    fn writer_stats(&self) -> Option<WriterStats> {
+        None
+    }
+
     /// Submit and wait until the commit is durable or failed. Must not be
     /// called from a `done` callback.
     fn commit_blocking(&self, commit: Commit) -> Result<CommitAck, StoreError> {

@@ -370,6 +370,9 @@ fn parse_line(line: &str) -> Result<Value, StoreError> {
 }
 
 impl Store for MemoryStore {
+    fn writer_stats(&self) -> Option<crate::WriterStats> {
+        Some(self.stats())
+    }
     fn submit(&self, commit: Commit, done: Done) {
         match &self.writer {
             Some(w) => w.submit_owned(commit, done),

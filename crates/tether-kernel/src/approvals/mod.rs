@@ -201,6 +201,12 @@ fn request_key(requester: &str, binding_key: &str) -> String {
 }
 
 impl Approvals {
+    /// Approvals still waiting for a decision (`GET /metrics`).
+    pub(crate) fn pending_count(&self) -> u64 {
+        let n = self.by_id.values().filter(|a| a.status == Status::Pending);
+        u64::try_from(n.count()).unwrap_or(u64::MAX)
+    }
+
     fn insert(&mut self, a: Approval) {
         if let Some((_, binding_key)) = split_key(&a.requester_id, &a.key) {
             self.by_request

@@ -13,6 +13,7 @@ use crate::loader::BindingSpec;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tether_core::{Code, Refusal, Status};
+use tracing::Instrument;
 
 /// How long a cancelled call may take to return before its outcome is unknown.
 pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(1000);
@@ -158,11 +159,21 @@ impl Kernel {
         let task_cancel = cancel.clone();
         let kernel = self.clone();
         let op = op_id.to_owned();
-        let mut handle = tokio::spawn(async move {
-            let r = driver.call(auth, task_cancel).await;
-            kernel.unregister_op(&op);
-            r
-        });
+        let device = self.device_index(dev.id());
+        let span = crate::order::step_span("driver");
+        let mut handle = tokio::spawn(
+            async move {
+                let r = driver.call(auth, task_cancel).await;
+                kernel.unregister_op(&op);
+                if matches!(&r, Err(s) if !matches!(s, Signal::Cancelled)) {
+                    if let Some(d) = device {
+                        kernel.inner.meters.driver_error(d);
+                    }
+                }
+                r
+            }
+            .instrument(span),
+        );
         let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
         // A non-abortable call is not stopped by an interlock that opens:
         // Tether cannot abort it, so it ends within its lease or duration

@@ -42,6 +42,7 @@ use tether_core::manifest::Concurrency;
 use tether_core::Code;
 use tether_limits::budget::Ledger;
 use tether_store::{Commit, CommitAck, Store, StoreError};
+use tracing::Instrument;
 
 /// What every clone of a [`Kernel`] shares.
 pub(crate) struct Inner {
@@ -77,6 +78,8 @@ pub(crate) struct Inner {
     pub instance: String,
     /// What this endpoint knows of the fleet.
     pub fleet: fleet::FleetState,
+    /// What `GET /metrics` shows (`crate::meters`): atomics only.
+    pub meters: crate::meters::Meters,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).
@@ -126,37 +129,69 @@ impl Kernel {
     pub(crate) async fn commit(&self, commit: Commit) -> Result<CommitAck, StoreError> {
         // Given up to the store, which moves what it can instead of copying.
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let t0 = self.submitting();
         self.inner.store.submit(
             commit,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
         );
-        let r = rx.await.unwrap_or(Err(StoreError::Closed));
-        self.inner.store_health.observe(&r);
+        let r = rx
+            .instrument(tracing::info_span!("tether.commit"))
+            .await
+            .unwrap_or(Err(StoreError::Closed));
+        self.committed(t0, &r);
         r
+    }
+
+    /// The door's bookkeeping before a commit is handed over: the queue
+    /// depth `GET /metrics` shows, and the start of its latency.
+    fn submitting(&self) -> Instant {
+        self.inner.meters.submitted();
+        Instant::now()
+    }
+
+    /// The door's bookkeeping once the store answered an awaited commit:
+    /// the store's health, the queue depth, the commit's latency (a durable
+    /// one only: a failure is not a commit latency).
+    fn committed(&self, t0: Instant, r: &Result<CommitAck, StoreError>) {
+        let meters = &self.inner.meters;
+        crate::meters::answered(&meters.store_in_flight);
+        if r.is_ok() {
+            meters.commit.observe(t0.elapsed());
+        }
+        self.inner.store_health.observe(r);
     }
 
     /// [`Kernel::commit`] for a commit the caller still needs afterwards (it
     /// takes a document back out of it): serialised from the borrow.
     pub(crate) async fn commit_ref(&self, commit: &Commit) -> Result<CommitAck, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let t0 = self.submitting();
         self.inner.store.submit_ref(
             commit,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
         );
-        let r = rx.await.unwrap_or(Err(StoreError::Closed));
-        self.inner.store_health.observe(&r);
+        let r = rx
+            .instrument(tracing::info_span!("tether.commit"))
+            .await
+            .unwrap_or(Err(StoreError::Closed));
+        self.committed(t0, &r);
         r
     }
 
     /// Queues a commit without waiting (reads and other no-effect records).
     pub(crate) fn record(&self, commit: Commit) {
+        // The queue depth's own counter, not the kernel: the last handle to
+        // the kernel is never dropped on the store's writer thread.
+        self.inner.meters.submitted();
+        let in_flight = Arc::clone(&self.inner.meters.store_in_flight);
         self.inner.store.submit(
             commit,
-            Box::new(|r| {
+            Box::new(move |r| {
+                crate::meters::answered(&in_flight);
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "evidence record failed");
                 }

@@ -211,6 +211,10 @@ impl Kernel {
         // Incomplete: until the store's receipts are in, a miss asks the store.
         let idem = Index::new(config.idempotency_cache_max.max(1), false);
         let sessions = Sessions::new(config.sessions_max);
+        let meters = crate::meters::Meters::new(devices.iter().map(|d| {
+            let caps = d.spec.bindings.iter().map(|b| b.capability_id.clone());
+            (d.id(), caps.collect())
+        }));
         Ok(Kernel {
             inner: Arc::new(Inner {
                 config,
@@ -233,6 +237,7 @@ impl Kernel {
                 store_open: crate::kernel::deferred::OpenState::default(),
                 instance: tether_core::ids::mint("inst_"),
                 fleet: crate::kernel::fleet::FleetState::default(),
+                meters,
             }),
         })
     }

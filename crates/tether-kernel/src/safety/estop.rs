@@ -35,6 +35,7 @@ use tether_core::ids::{self, CommandId};
 use tether_core::receipt::now_ms;
 use tether_core::{Code, Refusal, Status};
 use tether_store::{Commit, EventDraft, LatchRow};
+use tracing::Instrument;
 
 /// Receipt capability id of an endpoint e-stop.
 pub const INTERNAL_ESTOP: &str = "cap.internal.safety_estop.v1";
@@ -108,6 +109,17 @@ impl Kernel {
     /// `mhs.safety.estop`: stops the named devices (every device when none is
     /// named). Never refused; needs no session.
     pub async fn estop(&self, req: EstopRequest) -> Value {
+        let t0 = Instant::now();
+        let answer = self
+            .estop_untimed(req)
+            .instrument(tracing::info_span!("tether.estop"))
+            .await;
+        self.inner.meters.estop.observe(t0.elapsed());
+        answer
+    }
+
+    /// [`Kernel::estop`] without its latency measured.
+    async fn estop_untimed(&self, req: EstopRequest) -> Value {
         let mut targets: Vec<usize> = req
             .device_ids
             .iter()

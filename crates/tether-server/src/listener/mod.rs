@@ -121,6 +121,8 @@ pub struct Edge {
     tls: Option<Tls>,
     header_read_timeout: Duration,
     table: Arc<ConnTable>,
+    /// `GET /metrics` without a token (`crate::http::router_with`).
+    metrics_open: bool,
 }
 
 impl Default for Edge {
@@ -145,7 +147,20 @@ impl Edge {
             tls,
             header_read_timeout: header_read_timeout.max(Duration::from_millis(1)),
             table: Arc::new(ConnTable::new(bounds)),
+            metrics_open: false,
         }
+    }
+
+    /// This edge, serving `GET /metrics` without a token when `open`.
+    #[must_use]
+    pub fn with_metrics_open(mut self, open: bool) -> Self {
+        self.metrics_open = open;
+        self
+    }
+
+    /// Whether `GET /metrics` is served without a token.
+    pub fn metrics_open(&self) -> bool {
+        self.metrics_open
     }
 
     /// Whether the listeners speak TLS.

@@ -202,6 +202,41 @@ impl TetherMcp {
     /// Every MCP caller is model-controlled: the principal is an agent and
     /// never an operator here, whatever its token names (see
     /// [`Principal::model_controlled`]).
+    /// `tools/call` inside its request span.
+    async fn call_tool_traced(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let Some(tool) = self.find(&request.name).cloned() else {
+            return Err(McpError::invalid_params(
+                format!(
+                    "no tool `{}`; list the tools first",
+                    tether_core::echo::id(&request.name)
+                ),
+                None,
+            ));
+        };
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        // The e-stop is served before anything that could fail: no session,
+        // and no principal needed beyond what the transport already checked.
+        if tool.kind == ToolKind::Estop {
+            return Ok(self
+                .call_estop(&args, self.principal(&ctx).ok())
+                .await
+                .into());
+        }
+        let p = self.principal(&ctx)?;
+        let result = match tool.kind {
+            ToolKind::Read => self.call_read(&tool, &args, &p).await,
+            _ => self.call_effect(&tool, args, &p, &ctx).await,
+        };
+        if let Some(approval_id) = held_approval(&result) {
+            self.send_to_console(&ctx, &approval_id);
+        }
+        Ok(result.into())
+    }
+
     fn principal(&self, ctx: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
         if let Some(p) = &self.conn.principal {
             return Ok(p.clone().model_controlled());
@@ -312,12 +347,17 @@ impl TetherMcp {
         // the command still finishes and records its receipt.
         let kernel = self.kernel.clone();
         let caller = p.clone();
-        let task = self.conn.inflight.spawn(async move {
+        // The command's spans stay children of the call's.
+        let run = async move {
             kernel
                 .command(&caller, req, CommandOptions::plain())
                 .await
                 .map(Answer::into_value)
-        });
+        };
+        let task = self
+            .conn
+            .inflight
+            .spawn(tracing::Instrument::in_current_span(run));
         let call = RunningCall {
             principal: p,
             session_id: &sid,
@@ -590,33 +630,9 @@ impl ServerHandler for TetherMcp {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let Some(tool) = self.find(&request.name).cloned() else {
-            return Err(McpError::invalid_params(
-                format!(
-                    "no tool `{}`; list the tools first",
-                    tether_core::echo::id(&request.name)
-                ),
-                None,
-            ));
-        };
-        let args = Value::Object(request.arguments.unwrap_or_default());
-        // The e-stop is served before anything that could fail: no session,
-        // and no principal needed beyond what the transport already checked.
-        if tool.kind == ToolKind::Estop {
-            return Ok(self
-                .call_estop(&args, self.principal(&ctx).ok())
-                .await
-                .into());
-        }
-        let p = self.principal(&ctx)?;
-        let result = match tool.kind {
-            ToolKind::Read => self.call_read(&tool, &args, &p).await,
-            _ => self.call_effect(&tool, args, &p, &ctx).await,
-        };
-        if let Some(approval_id) = held_approval(&result) {
-            self.send_to_console(&ctx, &approval_id);
-        }
-        Ok(result.into())
+        let span =
+            crate::telemetry::request_span("mcp", "tools/call", traceparent(&ctx).as_deref());
+        tracing::Instrument::instrument(self.call_tool_traced(request, ctx), span).await
     }
 
     async fn list_resources(
@@ -646,4 +662,14 @@ impl ServerHandler for TetherMcp {
     ) -> Result<ReadResourceResponse, McpError> {
         render::read_reference(&self.kernel, &request.uri).map(Into::into)
     }
+}
+
+/// The caller's W3C `traceparent`: MCP's `_meta.traceparent` first, then the
+/// HTTP request's header (streamable HTTP).
+fn traceparent(ctx: &RequestContext<RoleServer>) -> Option<String> {
+    if let Some(tp) = ctx.meta.get_traceparent() {
+        return Some(tp.to_owned());
+    }
+    let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
+    crate::telemetry::traceparent_header(&parts.headers).map(str::to_owned)
 }

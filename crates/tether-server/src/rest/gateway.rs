@@ -473,7 +473,9 @@ impl Gateway {
             on_admit: Some(admitted),
             rider: Some(rider.clone()),
         };
-        let run = tokio::spawn(Arc::clone(self).run(p.clone(), req, options, inv_id.clone()));
+        // The command's spans stay children of the request's.
+        let run = Arc::clone(self).run(p.clone(), req, options, inv_id.clone());
+        let run = tokio::spawn(tracing::Instrument::in_current_span(run));
         // Answer 202 once the command has passed steps 2-11 (it goes on to
         // dispatch) and the invocation is durable; a command refused by them
         // is answered with its refusal once the rejected receipt is recorded.

@@ -244,22 +244,25 @@ async fn invoke(
     path: Result<Path<String>, PathRejection>,
     body: Body,
 ) -> Response {
-    respond(
-        async {
-            let p = principal(&s, &headers)?;
-            let segment = segment(path)?;
-            let name = segment
-                .strip_suffix(":invoke")
-                .ok_or_else(|| no_route(&format!("/tools/{segment}")))?;
-            let tool = s.gw.tool(name)?;
-            if tool.kind == crate::tools::ToolKind::Estop {
-                return invoke_estop(&s, &p, tool, body).await;
-            }
-            let body: InvokeBody = from_body(read_json(body).await?.unwrap_or(json!({})))?;
-            s.gw.invoke(&p, tool, body).await
+    let span = crate::telemetry::request_span(
+        "rest",
+        "POST /tools/{tool}:invoke",
+        crate::telemetry::traceparent_header(&headers),
+    );
+    let answer = async {
+        let p = principal(&s, &headers)?;
+        let segment = segment(path)?;
+        let name = segment
+            .strip_suffix(":invoke")
+            .ok_or_else(|| no_route(&format!("/tools/{segment}")))?;
+        let tool = s.gw.tool(name)?;
+        if tool.kind == crate::tools::ToolKind::Estop {
+            return invoke_estop(&s, &p, tool, body).await;
         }
-        .await,
-    )
+        let body: InvokeBody = from_body(read_json(body).await?.unwrap_or(json!({})))?;
+        s.gw.invoke(&p, tool, body).await
+    };
+    respond(tracing::Instrument::instrument(answer, span).await)
 }
 
 /// The e-stop is served even when its request is defective: a body that is

@@ -36,6 +36,9 @@ fn pairs(rows: &[tokio_postgres::Row]) -> Result<Vec<(String, String)>, StoreErr
 }
 
 impl Store for PgStore {
+    fn writer_stats(&self) -> Option<crate::WriterStats> {
+        Some(self.stats())
+    }
     fn submit(&self, commit: Commit, done: Done) {
         self.writer.submit_owned(commit, done);
     }

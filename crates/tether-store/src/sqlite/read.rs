@@ -25,6 +25,9 @@ fn limit_param(n: usize) -> i64 {
 }
 
 impl Store for SqliteStore {
+    fn writer_stats(&self) -> Option<crate::WriterStats> {
+        Some(self.stats())
+    }
     fn submit(&self, commit: Commit, done: Done) {
         self.writer.submit_owned(commit, done);
     }

@@ -1,0 +1,201 @@
+//! `[telemetry]` (issue 22 §2, docs/TELEMETRY.md): traces over OTLP
+//! (HTTP/protobuf) when `otlp_endpoint` is set, and who may read `GET
+//! /metrics`.
+//!
+//! The spans are the `tracing` spans of the surfaces and the kernel; this
+//! module installs the subscriber: the log layer, and with an endpoint the
+//! OpenTelemetry layer over the tether crates' spans, exporting through
+//! `tether_server::telemetry::otlp` (a bounded queue of its own: a collector
+//! that is down never slows a command).
+//!
+//! gRPC is not offered: `opentelemetry-otlp`'s `grpc-tonic` brings tonic,
+//! prost's gRPC runtime and a second HTTP/2 stack for what HTTP/protobuf
+//! already carries to every collector.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Most spans waiting for export (default of `export_queue_max`).
+pub const EXPORT_QUEUE_DEFAULT: usize = 2048;
+/// The largest `export_queue_max`.
+pub const EXPORT_QUEUE_MAX: usize = 65_536;
+/// Default of `export_timeout_ms`; its bounds.
+pub const EXPORT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+const EXPORT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
+
+/// The `[telemetry]` table. Every key is optional; unknown keys are refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP collector (`http://host:4318`, or the full
+    /// `.../v1/traces` URL); traces are off when absent.
+    pub otlp_endpoint: Option<String>,
+    /// `http/protobuf`, the only protocol offered (the default).
+    pub otlp_protocol: Option<String>,
+    /// `service.name` of the spans (default `tether`).
+    pub service_name: Option<String>,
+    /// Spans waiting for export at most; more are dropped and counted
+    /// (default 2048).
+    pub export_queue_max: Option<usize>,
+    /// Bound on connecting to, sending to and hearing from the collector, ms
+    /// (default 2000).
+    pub export_timeout_ms: Option<u64>,
+    /// The share of the traces Tether starts itself that are recorded, 0 to
+    /// 1 (default 1); a request with a `traceparent` follows its caller.
+    pub sample_ratio: Option<f64>,
+    /// Whether `GET /metrics` needs a bearer token when principals are
+    /// configured (default true).
+    pub metrics_auth: Option<bool>,
+}
+
+impl TelemetryConfig {
+    /// Every key that cannot be used, as `(field, message)`.
+    pub fn defects(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if let Some(e) = &self.otlp_endpoint {
+            if let Err(why) = tether_server::telemetry::otlp::check_endpoint(e) {
+                out.push(("telemetry.otlp_endpoint".into(), why));
+            }
+        }
+        if let Some(p) = &self.otlp_protocol {
+            if p != "http/protobuf" {
+                out.push((
+                    "telemetry.otlp_protocol".into(),
+                    format!("`{p}` is not offered: only `http/protobuf` (docs/TELEMETRY.md says why not gRPC)"),
+                ));
+            }
+        }
+        if let Some(r) = self.sample_ratio {
+            if !(0.0..=1.0).contains(&r) {
+                out.push((
+                    "telemetry.sample_ratio".into(),
+                    "must be between 0 and 1".into(),
+                ));
+            }
+        }
+        if let Some(n) = self.export_queue_max {
+            if !(1..=EXPORT_QUEUE_MAX).contains(&n) {
+                out.push((
+                    "telemetry.export_queue_max".into(),
+                    format!("must be between 1 and {EXPORT_QUEUE_MAX}"),
+                ));
+            }
+        }
+        if let Some(ms) = self.export_timeout_ms {
+            if !EXPORT_TIMEOUT_MS_RANGE.contains(&ms) {
+                out.push((
+                    "telemetry.export_timeout_ms".into(),
+                    format!(
+                        "must be between {} and {} (ms)",
+                        EXPORT_TIMEOUT_MS_RANGE.start(),
+                        EXPORT_TIMEOUT_MS_RANGE.end()
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Whether `GET /metrics` is served without a token.
+    pub fn metrics_open(&self) -> bool {
+        self.metrics_auth == Some(false)
+    }
+}
+
+/// Keeps the tracer provider; dropping it flushes what is queued (bounded
+/// by the export timeout) and stops the export thread.
+pub struct Guard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            if let Err(e) = p.shutdown() {
+                tracing::debug!(error = %e, "the span exporter did not shut down cleanly");
+            }
+        }
+    }
+}
+
+/// The log layer (stderr, `TETHER_LOG`) and, with `otlp_endpoint`, the
+/// OpenTelemetry layer over the tether crates' spans.
+///
+/// # Errors
+/// The exporter could not be built, or a subscriber is already installed.
+pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+    let log_filter = tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_default));
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(log_filter);
+    let Some(endpoint) = &config.otlp_endpoint else {
+        tracing_subscriber::registry().with(log).try_init()?;
+        return Ok(Guard { provider: None });
+    };
+    let otlp = tether_server::telemetry::otlp::Otlp {
+        endpoint: endpoint.clone(),
+        service_name: config
+            .service_name
+            .clone()
+            .unwrap_or_else(|| "tether".into()),
+        queue_max: config
+            .export_queue_max
+            .unwrap_or(EXPORT_QUEUE_DEFAULT)
+            .max(1),
+        sample_ratio: config.sample_ratio.unwrap_or(1.0),
+        timeout: Duration::from_millis(
+            config
+                .export_timeout_ms
+                .unwrap_or(EXPORT_TIMEOUT_MS_DEFAULT),
+        ),
+    };
+    let provider = tether_server::telemetry::otlp::provider(&otlp).map_err(anyhow::Error::msg)?;
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("tether"))
+        .with_filter(spans_filter());
+    tracing_subscriber::registry()
+        .with(log)
+        .with(otel)
+        .try_init()?;
+    Ok(Guard {
+        provider: Some(provider),
+    })
+}
+
+/// Only the tether crates' spans: a library's own spans never fill the
+/// export queue.
+fn spans_filter() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_target("tether_kernel", tracing::Level::INFO)
+        .with_target("tether_server", tracing::Level::INFO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_protocols_endpoints_and_bounds_are_defects() {
+        let c = TelemetryConfig {
+            otlp_endpoint: Some("https://collector".into()),
+            otlp_protocol: Some("grpc".into()),
+            export_queue_max: Some(0),
+            ..TelemetryConfig::default()
+        };
+        let fields: Vec<_> = c.defects().into_iter().map(|(f, _)| f).collect();
+        assert_eq!(
+            fields,
+            [
+                "telemetry.otlp_endpoint",
+                "telemetry.otlp_protocol",
+                "telemetry.export_queue_max"
+            ]
+        );
+    }
+}
