@@ -131,9 +131,7 @@ pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard
     use tracing_subscriber::Layer as _;
     let log_filter = tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_default));
-    let log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(log_filter);
+    let log = log_layer(log_filter, json_logs());
     let Some(endpoint) = &config.otlp_endpoint else {
         tracing_subscriber::registry().with(log).try_init()?;
         return Ok(Guard { provider: None });
@@ -166,6 +164,28 @@ pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard
     Ok(Guard {
         provider: Some(provider),
     })
+}
+
+/// Whether `TETHER_LOG_FORMAT=json` asks for one JSON object a line.
+fn json_logs() -> bool {
+    std::env::var("TETHER_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"))
+}
+
+/// The log layer on stderr (stdout belongs to the stdio protocols): text, or
+/// with `json` one JSON object a line (time, level, target, message and the
+/// fields of the event and its spans — which never hold a token or a raw
+/// input value).
+fn log_layer(
+    filter: tracing_subscriber::EnvFilter,
+    json: bool,
+) -> Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync> {
+    use tracing_subscriber::Layer as _;
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    if json {
+        fmt.json().with_filter(filter).boxed()
+    } else {
+        fmt.with_filter(filter).boxed()
+    }
 }
 
 /// Only the tether crates' spans: a library's own spans never fill the

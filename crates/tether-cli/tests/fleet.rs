@@ -325,3 +325,51 @@ fn an_estop_naming_a_device_another_endpoint_serves_latches_it_there() {
     // The thermostat here was not stopped.
     assert_eq!(other.status_of("thermostat-1")["latched"], false);
 }
+
+/// `TETHER_LOG_FORMAT=json`: every log line on stderr is one JSON object
+/// (here the warning of a start waiting for a device another endpoint owns,
+/// then its refusal when the wait runs out).
+#[test]
+fn json_logs_are_one_object_a_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let cfg = hardware_arm_config(dir.path());
+    let _owner = start_with_config(dir.path(), &cfg);
+    let out = std::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--wait-for-devices=1",
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("TETHER_LOG_FORMAT", "json")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("serve");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let logs: Vec<Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let waiting = logs
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("waiting for a device"))
+        })
+        .unwrap_or_else(|| panic!("no JSON warning in {stderr}"));
+    assert_eq!(waiting["level"], "WARN", "{waiting}");
+    assert!(
+        waiting["fields"]["owner"]
+            .as_str()
+            .is_some_and(|o| o.contains("tether-local")),
+        "{waiting}"
+    );
+}
