@@ -417,7 +417,19 @@ impl After<'_> {
             let Some(stored) = self.db.receipt(&cid) else {
                 continue;
             };
-            if motion && stored["status"] == "unknown" {
+            // A motion the kill cut short ends `unknown` (start-up's crashed
+            // finish); one that ended before the kill keeps its own outcome.
+            let crashed = stored["error"]["details"]["reason"] == "endpoint_crashed";
+            if stored["status"] == "unknown" && !crashed
+                || crashed && stored["status"] != "unknown"
+                || !ledger::is_outcome(&stored)
+            {
+                self.c.fail(
+                    self.cycle,
+                    format!("interrupted {cid} is stored as {stored}"),
+                );
+            }
+            if motion && crashed {
                 self.c.ledger.stats.interrupted_motions_unknown += 1;
             }
             let before = motion.then(|| self.arm_positions());
