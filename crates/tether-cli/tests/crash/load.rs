@@ -305,12 +305,10 @@ fn reset(ctx: &Ctx<'_>, device: &'static str) -> bool {
     ) {
         Ok(a) => {
             let r = &a["result"];
-            if r["status"] == "completed" && r["output"]["latched"] == false {
-                ctx.emit(Event::SafetyAnswered {
-                    devices: vec![device],
-                    latched: false,
-                });
-            } else if r["error"]["details"]["reason"] == "not_latched" {
+            // Released, or answered as not latched: either way the device
+            // is not latched now.
+            let released = r["status"] == "completed" && r["output"]["latched"] == false;
+            if released || r["error"]["details"]["reason"] == "not_latched" {
                 ctx.emit(Event::SafetyAnswered {
                     devices: vec![device],
                     latched: false,
