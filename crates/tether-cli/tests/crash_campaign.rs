@@ -128,6 +128,19 @@ impl Campaign {
             &[OsStr::new("--config"), self.cfg.as_os_str()],
         );
         self.startups.push(t0.elapsed());
+        // A start-up whose restore outlasts its bound serves with every
+        // device latched (kernel/deferred.rs): name that plainly.
+        if s.stderr_text().contains("serving LATCHED") {
+            let n = self.startups.len() as u64;
+            self.fail(
+                n,
+                format!(
+                    "start-up {n} took {:?} and serves LATCHED:\n{}",
+                    t0.elapsed(),
+                    s.stderr_text()
+                ),
+            );
+        }
         s
     }
 
