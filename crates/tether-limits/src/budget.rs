@@ -5,7 +5,7 @@
 //! them so a restart never refills a window). Keys are opaque strings built by
 //! the caller, e.g. `device/cap/path/window[/session]`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::ControlFlow;
 
@@ -236,6 +236,10 @@ struct Draw {
 struct Account {
     window: Window,
     draws: Vec<Draw>,
+    /// No draw is older than this (it may be older than the oldest left
+    /// after a release): `prune` passes an account it cannot shorten
+    /// without touching its draws.
+    oldest_ms: u64,
 }
 
 /// One budget a call must fit in, for [`Ledger::try_reserve_all`].
@@ -255,6 +259,10 @@ pub struct Request {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
     accounts: BTreeMap<String, Account>,
+    /// Every recorded reservation id and how many draws carry it (one per
+    /// budget of a call), so a duplicate is found without a scan of every
+    /// draw: replaying a window's journal at start-up stays linear in it.
+    reservations: HashMap<String, usize>,
 }
 
 impl Ledger {
@@ -319,14 +327,25 @@ impl Ledger {
     }
 
     fn has_reservation(&self, reservation_id: &str) -> bool {
-        self.accounts
-            .values()
-            .any(|a| a.draws.iter().any(|d| d.reservation_id == reservation_id))
+        self.reservations.contains_key(reservation_id)
+    }
+
+    /// One draw carrying `reservation_id` is gone.
+    fn forget_draw(&mut self, reservation_id: &str) {
+        if let Some(n) = self.reservations.get_mut(reservation_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.reservations.remove(reservation_id);
+            }
+        }
     }
 
     /// Remove every draw of a reservation (a refused command gives its draw
     /// back). Returns how many draws were removed.
     pub fn release(&mut self, reservation_id: &str) -> usize {
+        if self.reservations.remove(reservation_id).is_none() {
+            return 0;
+        }
         let mut removed = 0;
         for account in self.accounts.values_mut() {
             let before = account.draws.len();
@@ -421,7 +440,13 @@ impl Ledger {
             .or_insert_with(|| Account {
                 window: req.window,
                 draws: Vec::new(),
+                oldest_ms: now_ms,
             });
+        account.oldest_ms = account.oldest_ms.min(now_ms);
+        *self
+            .reservations
+            .entry(reservation_id.to_string())
+            .or_default() += 1;
         account.draws.push(Draw {
             amount: req.amount,
             ts_ms: now_ms,
@@ -434,6 +459,7 @@ impl Ledger {
     /// window never refills. Returns how many draws were removed.
     pub fn prune(&mut self, now_ms: u64) -> usize {
         let mut budget = PRUNE_PER_CALL_MAX;
+        let mut gone = Vec::new();
         for account in self.accounts.values_mut() {
             let Some(len) = account.window.duration_ms() else {
                 continue;
@@ -441,22 +467,31 @@ impl Ledger {
             let Some(cutoff) = now_ms.checked_sub(len) else {
                 continue;
             };
+            // Nothing this old: the account is left untouched (without this,
+            // every draw moved on every call, quadratic over a journal).
+            if account.oldest_ms > cutoff {
+                continue;
+            }
             let mut kept = Vec::with_capacity(account.draws.len());
             for draw in account.draws.drain(..) {
                 if budget > 0 && draw.ts_ms <= cutoff {
                     budget -= 1;
+                    gone.push(draw.reservation_id);
                 } else {
                     kept.push(draw);
                 }
             }
+            account.oldest_ms = kept.iter().map(|d| d.ts_ms).min().unwrap_or(u64::MAX);
             account.draws = kept;
             if budget == 0 {
                 break;
             }
         }
-        let removed = PRUNE_PER_CALL_MAX - budget;
+        for id in &gone {
+            self.forget_draw(id);
+        }
         self.accounts.retain(|_, a| !a.draws.is_empty());
-        removed
+        gone.len()
     }
 }
 
@@ -488,6 +523,72 @@ mod tests {
         assert_eq!(ledger.used("k", Window::Session, 2), 6.0);
         assert_eq!(ledger.release("r1"), 1);
         assert_eq!(ledger.used("k", Window::Session, 2), 0.0);
+    }
+
+    #[test]
+    fn a_reservation_id_is_known_until_its_last_draw_is_pruned_or_released() {
+        let hour = 3_600_000;
+        let mut ledger = Ledger::new();
+        let two = [
+            Request {
+                key: "a".into(),
+                window: Window::Rolling1h,
+                limit: 100.0,
+                amount: 1.0,
+            },
+            Request {
+                key: "b".into(),
+                window: Window::Rolling24h,
+                limit: 100.0,
+                amount: 1.0,
+            },
+        ];
+        assert!(ledger.try_reserve_all(&two, 1_000, "r1").is_ok());
+        assert!(matches!(
+            ledger.record("c", Window::Session, 1.0, 1_000, "r1"),
+            Err(BudgetError::DuplicateReservation(_))
+        ));
+        // An hour later `a` forgets its draw, `b` still holds one: known.
+        assert_eq!(ledger.prune(1_000 + hour), 1);
+        assert_eq!(ledger.used("a", Window::Rolling1h, 1_000 + hour), 0.0);
+        assert!(ledger
+            .record("c", Window::Session, 1.0, 2_000, "r1")
+            .is_err());
+        // Released everywhere: the id may be drawn again.
+        assert_eq!(ledger.release("r1"), 1);
+        assert_eq!(ledger.release("r1"), 0);
+        assert!(ledger
+            .record("c", Window::Session, 1.0, 2_000, "r1")
+            .is_ok());
+        // Pruned everywhere: likewise.
+        assert!(ledger
+            .try_reserve("a", Window::Rolling1h, 100.0, 1.0, 5_000, "r2")
+            .is_ok());
+        assert_eq!(ledger.prune(5_000 + hour), 1);
+        assert!(ledger
+            .try_reserve("a", Window::Rolling1h, 100.0, 1.0, 6_000 + hour, "r2")
+            .is_ok());
+    }
+
+    /// A full key's journal replays (as start-up does) draw by draw; each
+    /// record once scanned every draw before it and moved them all.
+    #[test]
+    fn a_full_keys_journal_replays_and_the_next_draw_is_refused() {
+        let mut ledger = Ledger::new();
+        for i in 0..DRAWS_PER_KEY_MAX {
+            let ts = 1_000 + i as u64 / 100;
+            let id = format!("cmd-{i}#0");
+            assert!(ledger.record("k", Window::Rolling1h, 1.0, ts, &id).is_ok());
+        }
+        assert!(matches!(
+            ledger.record("k", Window::Rolling1h, 1.0, 3_000, "one-more#0"),
+            Err(BudgetError::Full(_))
+        ));
+        let all = DRAWS_PER_KEY_MAX as f64;
+        assert_eq!(ledger.used("k", Window::Rolling1h, 3_000), all);
+        assert!(ledger
+            .record("k", Window::Rolling1h, 1.0, 3_000, "cmd-7#0")
+            .is_err());
     }
 
     #[test]

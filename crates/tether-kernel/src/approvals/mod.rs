@@ -260,7 +260,8 @@ impl Approvals {
             };
             match self.by_id.get(&a.id) {
                 Some(local) if !local.durable || local.reserved_by.is_some() => {}
-                Some(_) => {
+                Some(local) => {
+                    let a = merged(local, a);
                     self.remove(&row.approval_id);
                     self.insert(a);
                 }
@@ -281,6 +282,44 @@ impl Approvals {
     }
 }
 
+/// How far a status has moved on: votes only add, and an approval goes from
+/// pending to approved, and to denied, used or revoked, never back.
+fn progress(s: Status) -> u8 {
+    match s {
+        Status::Pending => 0,
+        Status::Approved | Status::Expired => 1,
+        Status::Denied | Status::Used | Status::Revoked => 2,
+    }
+}
+
+/// A stored record `a` of an approval this process holds too (`local`),
+/// merged with what this process knows: every vote of either, the status
+/// that has moved on further. A stored record older than one of this
+/// process's own writes still in flight (a vote already pushed here, whose
+/// commit has not landed) must not take that write back: replacing the
+/// record lost the vote, and the next write of the record (a revocation, a
+/// use) stored the loss (found by the SIGKILL campaign: an acknowledged vote
+/// missing from its revoked approval after a restart).
+fn merged(local: &Approval, mut a: Approval) -> Approval {
+    for v in &local.votes {
+        if !a.votes.iter().any(|x| x.by == v.by) {
+            a.votes.push(v.clone());
+        }
+    }
+    if progress(local.status) > progress(a.status) {
+        a.status = local.status;
+        a.base = local.base.clone();
+    }
+    if matches!(a.status, Status::Pending | Status::Approved) {
+        if a.votes.iter().any(|v| v.decision == "deny") {
+            a.status = Status::Denied;
+        } else if a.approvals() >= a.quorum as usize {
+            a.status = Status::Approved;
+        }
+    }
+    a
+}
+
 /// Drops used and expired approvals from memory (they stay in the store).
 /// Denials stay: a denial is final, so its fingerprint must keep refusing.
 fn prune_closed(t: &mut Approvals, now: u64) {
@@ -297,5 +336,59 @@ fn prune_closed(t: &mut Approvals, now: u64) {
         .collect();
     for id in closed {
         t.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: &str, votes: Value) -> ApprovalRow {
+        ApprovalRow {
+            approval_id: "appr_1".into(),
+            record: json!({"approval_id": "appr_1", "key": "planner|c1|t/cap/main/sha256:x@planner", "requested_by": {"id": "planner", "kind": "agent"}, "status": status, "quorum": 2, "expires_at_ms": u64::MAX, "votes": votes}),
+        }
+    }
+
+    fn vote(by: &str) -> Value {
+        json!({"by": by, "decision": "approve", "reason": "", "at_ms": 1})
+    }
+
+    /// A vote pushed here whose commit has not landed survives a merge of
+    /// the older stored record, and a revocation stored later keeps it.
+    #[test]
+    fn a_merge_of_an_older_stored_record_keeps_a_vote_in_flight() {
+        let mut t = Approvals::restore(&[row("pending", json!([]))]);
+        let a = t.by_id.get_mut("appr_1").expect("restored");
+        a.votes.push(Vote {
+            by: "alice".into(),
+            decision: "approve".into(),
+            reason: String::new(),
+            at_ms: 2,
+        });
+        t.merge(&[row("pending", json!([]))], 3);
+        let a = &t.by_id["appr_1"];
+        assert_eq!(a.approvals(), 1, "{:?}", a.votes);
+        assert_eq!(a.status, Status::Pending);
+        // Another process's vote and revocation arrive: both are kept, and
+        // the status moves on to the revocation, never back.
+        t.merge(&[row("revoked", json!([vote("bob")]))], 4);
+        let a = &t.by_id["appr_1"];
+        assert_eq!(a.status, Status::Revoked);
+        let voters: Vec<&str> = a.votes.iter().map(|v| v.by.as_str()).collect();
+        assert_eq!(voters, ["bob", "alice"]);
+        assert_eq!(a.stored()["votes"].as_array().map(Vec::len), Some(2));
+        t.merge(&[row("pending", json!([]))], 5);
+        assert_eq!(t.by_id["appr_1"].status, Status::Revoked);
+    }
+
+    /// Votes of two processes reaching the quorum together approve.
+    #[test]
+    fn votes_merged_from_two_processes_reach_the_quorum() {
+        let mut t = Approvals::restore(&[row("pending", json!([vote("alice")]))]);
+        t.merge(&[row("pending", json!([vote("bob")]))], 3);
+        let a = &t.by_id["appr_1"];
+        assert_eq!(a.approvals(), 2);
+        assert_eq!(a.status, Status::Approved);
     }
 }
