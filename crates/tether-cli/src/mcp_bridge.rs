@@ -349,6 +349,19 @@ impl Bridge {
         }
     }
 
+    /// The session id of an initialize's answer, from its headers.
+    fn learn_session_header(&self, resp: &hyper::Response<hyper::body::Incoming>) {
+        let sid = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok());
+        if let (Some(sid), true) = (sid, resp.status().is_success()) {
+            if let Ok(mut s) = self.session.lock() {
+                s.id = Some(sid.to_owned());
+            }
+        }
+    }
+
     /// Remembers the session id and the negotiated version of an initialize.
     fn learn_session(&self, a: &Answer) {
         let version = a.version.clone();
@@ -455,6 +468,11 @@ impl Bridge {
             .body(Full::new(Bytes::from(text.to_owned())))
             .map_err(|e| Unreachable(format!("cannot build the request: {e}")))?;
         let resp = self.send(req).await?;
+        if parsed.and_then(|v| v.get("method")).and_then(Value::as_str) == Some("initialize") {
+            // Learnt before the answer reaches the client: its next requests
+            // (sent as soon as it reads the answer) carry the session id.
+            self.learn_session_header(&resp);
+        }
         let request = parsed
             .filter(|v| v.get("method").is_some())
             .and_then(|v| v.get("id"))
