@@ -9,6 +9,8 @@
 //! With `DURABLE_LOAD_PG=1` the same load also runs on the PostgreSQL store
 //! (a throwaway local cluster, or the server `TETHER_TEST_PG_URL` names) and
 //! its ratio to SQLite's figure of the same run is printed.
+//! `DURABLE_LOAD_PG_ENDPOINTS=4` also runs four endpoints (kernels with a
+//! store handle each) on one database at once and prints their sum.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -36,6 +38,13 @@ fn main() {
     let per_caller = args.get(1).copied().unwrap_or(1500);
     // DURABLE_LOAD_KEEP=1 leaves the state directory behind (its path is printed) to inspect.
     let dir = tempfile::tempdir().expect("tempdir");
+    if let Some(n) = std::env::var("DURABLE_LOAD_PG_ENDPOINTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|n| (1..=16).contains(n))
+    {
+        fleet_load(n, callers, per_caller);
+    }
     if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
         eprintln!("state directory kept: {}", dir.path().display());
     }
@@ -140,6 +149,37 @@ impl Load {
 /// `callers` tasks each send `per_caller` setpoint commands through a kernel
 /// on the built-in cell and `store`; meanwhile 20 e-stops of `relay-1` are
 /// timed.
+/// `n` endpoints on one PostgreSQL database at once, each a kernel with its
+/// own store handle (its own writer and connections, as a process would
+/// have), `callers / n` callers each: the fleet's throughput together.
+fn fleet_load(n: u64, callers: u64, per_caller: u64) {
+    let url = pg::migrated_database("durable_load_fleet");
+    let each = (callers / n).max(1);
+    let started = Instant::now();
+    let loads: Vec<Load> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let url = url.clone();
+                scope.spawn(move || {
+                    let store =
+                        Arc::new(tether_store::PgStore::open(&url).expect("PostgreSQL store"));
+                    run_load(store, each, per_caller)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("endpoint"))
+            .collect()
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let completed: u64 = loads.iter().map(|l| l.completed).sum();
+    println!(
+        "FIGURE durable_load_postgres_fleet endpoints={n} callers_each={each} commands={completed} seconds={seconds:.2} commands_per_s={:.0}",
+        completed as f64 / seconds
+    );
+}
+
 fn run_load(store: Arc<dyn Store>, callers: u64, per_caller: u64) -> Load {
     let k = common::kernel_on("load", store);
     let rt = common::runtime();
