@@ -38,13 +38,6 @@ fn main() {
     let per_caller = args.get(1).copied().unwrap_or(1500);
     // DURABLE_LOAD_KEEP=1 leaves the state directory behind (its path is printed) to inspect.
     let dir = tempfile::tempdir().expect("tempdir");
-    if let Some(n) = std::env::var("DURABLE_LOAD_PG_ENDPOINTS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|n| (1..=16).contains(n))
-    {
-        fleet_load(n, callers, per_caller);
-    }
     if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
         eprintln!("state directory kept: {}", dir.path().display());
     }
@@ -80,6 +73,14 @@ fn main() {
             stats.largest_batch,
             on_pg.per_second() / durable.per_second().max(f64::MIN_POSITIVE)
         );
+    }
+    // Last: its load must not sit in the cluster's WAL under the one-endpoint figure.
+    if let Some(n) = std::env::var("DURABLE_LOAD_PG_ENDPOINTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|n| (1..=16).contains(n))
+    {
+        fleet_load(n, callers, per_caller);
     }
     if std::env::var_os("DURABLE_LOAD_KEEP").is_some() {
         let _kept = dir.keep();
