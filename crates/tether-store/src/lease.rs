@@ -209,30 +209,25 @@ pub(crate) fn check_drafts(drafts: &[LeaseDraft]) -> Result<(), crate::StoreErro
         if d.key.is_empty() || d.holder.is_empty() || d.key.len() > 512 || d.holder.len() > 512 {
             return Err(crate::StoreError::Invalid(format!(
                 "a lease needs a key and a holder of at most 512 bytes ({:?})",
-                crate::lease::short(&d.key)
+                tether_core::echo::id(&d.key)
             )));
         }
         if let LeaseOp::Hold { lease_ms, info, .. } = &d.op {
             if !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(lease_ms) {
                 return Err(crate::StoreError::Invalid(format!(
                     "lease {} of {lease_ms} ms is outside {LEASE_MS_MIN}..={LEASE_MS_MAX} ms",
-                    short(&d.key)
+                    tether_core::echo::id(&d.key)
                 )));
             }
             if !info.is_object() {
                 return Err(crate::StoreError::Invalid(format!(
                     "lease {}: info must be a JSON object",
-                    short(&d.key)
+                    tether_core::echo::id(&d.key)
                 )));
             }
         }
     }
     Ok(())
-}
-
-fn short(s: &str) -> &str {
-    let end = s.char_indices().nth(64).map_or(s.len(), |(i, _)| i);
-    &s[..end]
 }
 
 #[cfg(test)]

@@ -289,12 +289,17 @@ impl Kernel {
 
     /// Remembers which devices other live endpoints serve.
     fn learn_fleet(&self, leases: &Leases) {
+        let other_live: Vec<&tether_store::LeaseRow> = leases
+            .rows
+            .iter()
+            .filter(|r| {
+                r.key.starts_with("endpoint/")
+                    && r.holder != self.inner.instance
+                    && r.live_at(leases.now_ms)
+            })
+            .collect();
         let mut others = HashMap::new();
-        for row in leases.rows.iter().filter(|r| {
-            r.key.starts_with("endpoint/")
-                && r.holder != self.inner.instance
-                && r.live_at(leases.now_ms)
-        }) {
+        for row in &other_live {
             let endpoint = row
                 .info
                 .get("endpoint_id")
@@ -307,12 +312,9 @@ impl Kernel {
                 }
             }
         }
-        let alone = !leases.rows.iter().any(|r| {
-            r.key.starts_with("endpoint/")
-                && r.holder != self.inner.instance
-                && r.live_at(leases.now_ms)
-                && !holder_gone(&r.info, &self.inner.config.host)
-        });
+        let alone = other_live
+            .iter()
+            .all(|r| holder_gone(&r.info, &self.inner.config.host));
         if let Ok(mut ix) = self.inner.idem.lock() {
             ix.set_alone(alone);
         }
