@@ -202,6 +202,10 @@ impl Kernel {
                 b["reason"] = json!(need.reason);
                 b["policies"] = json!(need.policies);
                 b["created_at_ms"] = json!(now);
+                // The record as every endpoint reads it back from the store
+                // (`5.0` written `5`): this process's copy, which a merge now
+                // keeps, must show the same numbers.
+                tether_core::canonical::normalize_numbers(&mut b);
                 b
             },
             reserved_by: None,

@@ -32,6 +32,9 @@ pub fn val(v: &Value) -> String {
     match v {
         Value::Null => "—".to_owned(),
         Value::String(s) => esc(s),
+        // Numbers as the chain writes them (`5`, not `5.0`), whichever way
+        // the value was built.
+        Value::Number(_) => esc(&tether_core::canonical::to_canonical_string(v)),
         other => esc(&other.to_string()),
     }
 }
@@ -452,6 +455,14 @@ mod tests {
         let page = layout("<t>", &viewer(), "", Some("<n>"));
         assert!(!page.contains("<t>") && !page.contains("<n>") && !page.contains("c<s>rf"));
         assert!(page.contains("E-STOP all devices"));
+    }
+
+    #[test]
+    fn numbers_read_as_the_chain_writes_them() {
+        assert_eq!(val(&json!(5.0)), "5");
+        assert_eq!(val(&json!(72.5)), "72.5");
+        assert_eq!(val(&json!(-0.0)), "0");
+        assert_eq!(val(&json!(90)), "90");
     }
 
     #[test]
