@@ -12,7 +12,6 @@
 //! prost's gRPC runtime and a second HTTP/2 stack for what HTTP/protobuf
 //! already carries to every collector.
 
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
 use std::time::Duration;
@@ -154,9 +153,7 @@ pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard
         ),
     };
     let provider = tether_server::telemetry::otlp::provider(&otlp).map_err(anyhow::Error::msg)?;
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("tether"))
-        .with_filter(spans_filter());
+    let otel = tether_server::telemetry::otlp::layer(&provider).with_filter(spans_filter());
     tracing_subscriber::registry()
         .with(log)
         .with(otel)

@@ -22,7 +22,6 @@ mod common;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use opentelemetry::trace::TracerProvider as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,9 +68,7 @@ fn main() {
         let spans = tracing_subscriber::filter::Targets::new()
             .with_target("tether_kernel", tracing::Level::INFO)
             .with_target("tether_server", tracing::Level::INFO);
-        let otel = tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("tether"))
-            .with_filter(spans);
+        let otel = tether_server::telemetry::otlp::layer(&provider).with_filter(spans);
         tracing_subscriber::registry().with(otel).init();
     }
     let on = run_load(callers, per_caller);

@@ -98,6 +98,30 @@ pub fn provider(otlp: &Otlp) -> Result<SdkTracerProvider, String> {
         .build())
 }
 
+/// The `tracing` layer that turns Tether's spans into OpenTelemetry spans
+/// for `provider`'s exporter, as `tether serve` installs it (and the
+/// `telemetry_load` bench measures it). What the layer adds by default and
+/// Tether does not need is off, since each costs time on every span or on
+/// every poll of an instrumented future: source locations, thread ids and
+/// names, the `target`, busy and idle times (two clock reads each time a span
+/// is entered), and activating an OpenTelemetry context on each entry (no
+/// other OpenTelemetry instrumentation runs in the process to read it).
+pub fn layer<S>(
+    provider: &SdkTracerProvider,
+) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("tether"))
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false)
+}
+
 /// Where spans go: the collector's address and the request path.
 #[derive(Debug, Clone)]
 struct Target {

@@ -12,13 +12,51 @@
 //!
 //! Never here: validation or serialisation of a commit (`prepare`), reads.
 
-use super::conn::PgConn;
+use super::conn::{Param, PgConn, Pipeline};
 use super::head::{col, load_head, Head};
 use crate::chain::seal;
 use crate::prepare::Prepared;
 use crate::writer::{Backend, Job};
 use crate::{BudgetRow, CommitAck, StoreError};
 use std::collections::{HashMap, HashSet};
+
+/// A batch's opening statements (see `PgBackend::begin`).
+const LOCK_HEAD: &str = "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE";
+const LOOKUP_RECEIPTS: &str = "SELECT command_id FROM receipts WHERE command_id = ANY($1)";
+const LOOKUP_OPEN_OPS: &str = "SELECT command_id FROM open_ops WHERE command_id = ANY($1)";
+const LOOKUP_RESERVATIONS: &str = "SELECT reservation_id FROM budget WHERE reservation_id = ANY($1)";
+
+/// How soon a batch's opening must fail for a new link to be tried at once:
+/// a link found dead is refused in well under this, a hung one much later.
+const RETRY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The ids a batch names whose stored state decides its conflicts.
+struct Named {
+    /// Command ids of receipts and of operations opened.
+    ids: Vec<String>,
+    /// Command ids of operations opened.
+    ops: Vec<String>,
+    /// Reservation ids of budget draws.
+    draws: Vec<String>,
+}
+
+impl Named {
+    fn of(batch: &[Job]) -> Self {
+        let mut n = Self {
+            ids: Vec::new(),
+            ops: Vec::new(),
+            draws: Vec::new(),
+        };
+        for job in batch {
+            let c = &job.commit;
+            n.ids.extend(c.receipts.iter().map(|r| r.row.command_id.clone()));
+            n.ids.extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
+            n.ops.extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
+            n.draws.extend(c.budget_draws.iter().map(|b| b.reservation_id.clone()));
+        }
+        n
+    }
+}
 
 /// The writer's backend: its own connection and the chain head it extends.
 pub(super) struct PgBackend {
@@ -167,17 +205,19 @@ impl PgBackend {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError> {
-        if let Err(e) = self.pg.batch("BEGIN") {
-            // An idle link found dead (a restarted server): nothing was
-            // sent, so one new link may start the batch.
-            if !self.pg.link_dropped() {
-                return Err(e);
+        let began = std::time::Instant::now();
+        let mut known = match self.begin(batch) {
+            Ok(known) => known,
+            // An idle link found dead at once (a restarted server): the
+            // server rolls back what it saw of the opening, so one new link
+            // may start the batch. A link lost after a wait is not retried,
+            // so that a hung server costs one bound, not two.
+            Err(_) if self.pg.link_dropped() && began.elapsed() < RETRY_WITHIN => {
+                self.pg.ensure()?;
+                self.begin(batch)?
             }
-            self.pg.ensure()?;
-            self.pg.batch("BEGIN")?;
-        }
-        self.lock_head()?;
-        let mut known = self.lookup(batch)?;
+            Err(e) => return Err(e),
+        };
         let mut plan = Plan::default();
         for job in batch {
             let c = &job.commit;
@@ -211,28 +251,102 @@ impl PgBackend {
         }) {
             return Err(e.clone());
         }
-        write_plan(&mut self.pg, &plan)?;
-        if announce(batch, results) {
-            // Wakes the governed-stop watchers of every endpoint (LISTEN),
-            // delivered only if this transaction commits.
-            self.pg.batch("NOTIFY tether_change")?;
-        }
-        let (seq, hash) = (to_db(self.head.seq)?, self.head.hash.clone());
-        self.pg.execute(
-            "UPDATE chain_head SET seq = $1, hash = $2, batches = batches + 1 WHERE id = 1",
-            &[&seq, &hash],
-        )?;
-        self.pg.commit()
+        self.finish(&plan, announce(batch, results))
     }
 
-    /// Takes the head row's lock (waiting for another endpoint's batch to
-    /// finish) and continues from the head it names: another endpoint may
+    /// Opens the batch's transaction in one round trip: `BEGIN`, the head
+    /// row's lock (waiting for another endpoint's batch to finish), and what
+    /// is stored of the receipts, operations and reservations the batch
+    /// names (the server runs the lookups after the lock is taken).
+    fn begin(&mut self, batch: &[Job]) -> Result<Known, StoreError> {
+        let named = Named::of(batch);
+        let mut p = Pipeline::default();
+        p.push("BEGIN", Vec::new());
+        p.push(LOCK_HEAD, Vec::new());
+        let lookups = [
+            (!named.ids.is_empty()).then_some(LOOKUP_RECEIPTS),
+            (!named.ops.is_empty()).then_some(LOOKUP_OPEN_OPS),
+            (!named.draws.is_empty()).then_some(LOOKUP_RESERVATIONS),
+        ];
+        for (sql, ids) in lookups.iter().zip([named.ids, named.ops, named.draws]) {
+            if let Some(sql) = sql {
+                p.push(sql, vec![boxed(ids)]);
+            }
+        }
+        let mut answers = Vec::with_capacity(p.len());
+        for a in self.pg.pipeline(&p)? {
+            answers.push(a.map_err(|e| PgConn::step_error("opening a batch", &e))?);
+        }
+        let mut rows = answers.into_iter().skip(1);
+        self.continue_from(rows.next().unwrap_or_default())?;
+        let mut known = Known::default();
+        for sql in lookups.into_iter().flatten() {
+            for row in rows.next().unwrap_or_default() {
+                let id = text(&row, 0)?;
+                match sql {
+                    LOOKUP_RECEIPTS => known.receipts.insert(id),
+                    LOOKUP_OPEN_OPS => known.open.insert(id, true).is_none(),
+                    _ => known.reservations.insert(id),
+                };
+            }
+        }
+        Ok(known)
+    }
+
+    /// Writes the plan, moves the head row, announces the change when the
+    /// batch stored a latch or an approval, and commits — one round trip.
+    /// A refusal of any statement rolls the whole batch back (nothing
+    /// stored); an answer lost with the `COMMIT` in flight is
+    /// [`StoreError::Indeterminate`].
+    fn finish(&mut self, plan: &Plan, announce: bool) -> Result<(), StoreError> {
+        let mut p = Pipeline::default();
+        write_plan(&mut p, plan)?;
+        if announce {
+            // Wakes the governed-stop watchers of every endpoint (LISTEN),
+            // delivered only if this transaction commits.
+            p.push("SELECT pg_notify('tether_change', '')", Vec::new());
+        }
+        p.push(
+            "UPDATE chain_head SET seq = $1, hash = $2, batches = batches + 1 WHERE id = 1",
+            vec![boxed(to_db(self.head.seq)?), boxed(self.head.hash.clone())],
+        );
+        p.push("COMMIT", Vec::new());
+        // Statements are prepared (once per link) before anything is sent,
+        // so a failure to prepare stores nothing.
+        self.pg.prepare(&p)?;
+        let answers = match self.pg.pipeline(&p) {
+            Ok(a) => a,
+            Err(_) => return Err(self.lost_commit()),
+        };
+        let Some((commit, writes)) = answers.split_last() else {
+            return Err(self.lost_commit());
+        };
+        // The first refusal: the server rolled the transaction back.
+        if let Some(e) = writes
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .find(|e| e.as_db_error().is_some())
+        {
+            return Err(PgConn::step_error("writing a batch", e));
+        }
+        match commit {
+            Ok(_) if writes.iter().all(Result::is_ok) => Ok(()),
+            Err(e) if e.as_db_error().is_some() => Err(PgConn::step_error("committing", e)),
+            _ => Err(self.lost_commit()),
+        }
+    }
+
+    fn lost_commit(&mut self) -> StoreError {
+        self.pg.drop_link();
+        StoreError::Indeterminate(format!(
+            "the link to {} was lost while COMMIT was in flight; the batch may or may not be stored",
+            self.pg.target().shown
+        ))
+    }
+
+    /// Continues from the head the locked row names: another endpoint may
     /// have appended since this writer's last batch.
-    fn lock_head(&mut self) -> Result<(), StoreError> {
-        let rows = self.pg.query(
-            "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE",
-            &[],
-        )?;
+    fn continue_from(&mut self, rows: Vec<tokio_postgres::Row>) -> Result<(), StoreError> {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Corrupt("the chain_head row is missing".into()))?;
@@ -259,7 +373,7 @@ impl PgBackend {
     /// [`crate::BudgetCap`]): the key's stored, unreleased draws in the
     /// window plus those this batch already planned and this commit's
     /// earlier ones. Every endpoint's batch holds the head row's lock
-    /// (`lock_head`) while it sums and writes, so endpoints on the store
+    /// (`begin`) while it sums and writes, so endpoints on the store
     /// take turns and draw from one ledger. Releases planned earlier in the
     /// batch of rows stored before it are not subtracted: that over-counts,
     /// which refuses, never over-draws.
@@ -296,41 +410,6 @@ impl PgBackend {
             }
         }
         Ok(None)
-    }
-
-    /// What is stored of the receipts, operations and reservations the
-    /// batch names (three queries, whatever the batch's size).
-    fn lookup(&mut self, batch: &[Job]) -> Result<Known, StoreError> {
-        let mut ids: Vec<String> = Vec::new();
-        let mut ops: Vec<String> = Vec::new();
-        let mut draws: Vec<String> = Vec::new();
-        for job in batch {
-            let c = &job.commit;
-            ids.extend(c.receipts.iter().map(|r| r.row.command_id.clone()));
-            ids.extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
-            ops.extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
-            draws.extend(c.budget_draws.iter().map(|b| b.reservation_id.clone()));
-        }
-        let mut known = Known::default();
-        if !ids.is_empty() {
-            let sql = "SELECT command_id FROM receipts WHERE command_id = ANY($1)";
-            for row in self.pg.query(sql, &[&ids])? {
-                known.receipts.insert(text(&row, 0)?);
-            }
-        }
-        if !ops.is_empty() {
-            let sql = "SELECT command_id FROM open_ops WHERE command_id = ANY($1)";
-            for row in self.pg.query(sql, &[&ops])? {
-                known.open.insert(text(&row, 0)?, true);
-            }
-        }
-        if !draws.is_empty() {
-            let sql = "SELECT reservation_id FROM budget WHERE reservation_id = ANY($1)";
-            for row in self.pg.query(sql, &[&draws])? {
-                known.reservations.insert(text(&row, 0)?);
-            }
-        }
-        Ok(known)
     }
 
     /// Adds one commit that does not conflict to the plan: its entries
@@ -501,23 +580,28 @@ fn text(row: &tokio_postgres::Row, i: usize) -> Result<String, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("unexpected column: {e}")))
 }
 
-/// Writes a batch's plan: one statement per table it touches.
-fn write_plan(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
+fn boxed<'a, T: tokio_postgres::types::ToSql + Sync + 'a>(v: T) -> Param<'a> {
+    Box::new(v)
+}
+
+/// Writes a batch's plan: one statement per table it touches, gathered into
+/// the pipeline that commits it.
+fn write_plan<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError> {
     if !plan.ev_seq.is_empty() {
-        pg.execute(
+        p.push(
             "INSERT INTO events(seq, hash, line)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[])",
-            &[&plan.ev_seq, &plan.ev_hash, &plan.ev_line],
-        )?;
+            vec![boxed(&plan.ev_seq), boxed(&plan.ev_hash), boxed(&plan.ev_line)],
+        );
     }
     if !plan.rc_seq.is_empty() {
-        pg.execute(
+        p.push(
             "INSERT INTO receipts(seq, command_id, input_digest)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[])",
-            &[&plan.rc_seq, &plan.rc_id, &plan.rc_digest],
-        )?;
+            vec![boxed(&plan.rc_seq), boxed(&plan.rc_id), boxed(&plan.rc_digest)],
+        );
     }
-    write_revisions(pg, plan)?;
+    write_revisions(p, plan)?;
     if !plan.latches.rows.is_empty() {
         let (ids, rest): (Vec<&str>, Vec<&(bool, String)>) = plan
             .latches
@@ -527,20 +611,20 @@ fn write_plan(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
             .unzip();
         let latched: Vec<bool> = rest.iter().map(|v| v.0).collect();
         let info: Vec<&str> = rest.iter().map(|v| v.1.as_str()).collect();
-        pg.execute(
+        p.push(
             "INSERT INTO latches(device_id, latched, info)
              SELECT * FROM UNNEST($1::text[], $2::boolean[], $3::text[])
              ON CONFLICT (device_id) DO UPDATE SET latched = excluded.latched, info = excluded.info",
-            &[&ids, &latched, &info],
-        )?;
+            vec![boxed(ids), boxed(latched), boxed(info)],
+        );
     }
-    write_budget(pg, plan)?;
-    write_open_ops(pg, plan)?;
-    write_approvals(pg, plan)?;
-    write_invocations(pg, plan)
+    write_budget(p, plan)?;
+    write_open_ops(p, plan)?;
+    write_approvals(p, plan)?;
+    write_invocations(p, plan)
 }
 
-fn write_revisions(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
+fn write_revisions<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError> {
     if plan.revisions.is_empty() {
         return Ok(());
     }
@@ -553,24 +637,24 @@ fn write_revisions(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
         revisions.push(*v);
     }
     // Another endpoint may have written a higher one: keep the highest.
-    pg.execute(
-        "INSERT INTO revisions(device_id, resource, revision)
+    p.push(
+            "INSERT INTO revisions(device_id, resource, revision)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[])
          ON CONFLICT (device_id, resource)
          DO UPDATE SET revision = GREATEST(revisions.revision, excluded.revision)",
-        &[&devices, &resources, &revisions],
-    )?;
+            vec![boxed(devices), boxed(resources), boxed(revisions)],
+        );
     Ok(())
 }
 
-fn write_budget(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
+fn write_budget<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError> {
     // Releases of rows stored before the batch go first, so that a release
     // never marks a draw made later in the batch.
     if !plan.released_before.is_empty() {
-        pg.execute(
+        p.push(
             "UPDATE budget SET released = true WHERE reservation_id = ANY($1)",
-            &[&plan.released_before],
-        )?;
+            vec![boxed(&plan.released_before)],
+        );
     }
     if plan.draws.rows.is_empty() {
         return Ok(());
@@ -585,16 +669,16 @@ fn write_budget(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
         .collect::<Result<_, _>>()?;
     let released: Vec<bool> = rows.iter().map(|(_, b)| b.released).collect();
     // WITH ORDINALITY: `ord` follows the order of the draws.
-    pg.execute(
-        "INSERT INTO budget(reservation_id, key, amount, ts_ms, released)
+    p.push(
+            "INSERT INTO budget(reservation_id, key, amount, ts_ms, released)
          SELECT r, k, a, t, d FROM UNNEST($1::text[], $2::text[], $3::float8[], $4::bigint[], $5::boolean[])
              WITH ORDINALITY AS u(r, k, a, t, d, n) ORDER BY n",
-        &[&ids, &keys, &amounts, &ts, &released],
-    )?;
+            vec![boxed(ids), boxed(keys), boxed(amounts), boxed(ts), boxed(released)],
+        );
     Ok(())
 }
 
-fn write_open_ops(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
+fn write_open_ops<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError> {
     let mut open_ids = Vec::new();
     let mut infos = Vec::new();
     let mut closed = Vec::new();
@@ -608,22 +692,22 @@ fn write_open_ops(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
         }
     }
     if !closed.is_empty() {
-        pg.execute(
+        p.push(
             "DELETE FROM open_ops WHERE command_id = ANY($1)",
-            &[&closed],
-        )?;
+            vec![boxed(closed)],
+        );
     }
     if !open_ids.is_empty() {
-        pg.execute(
+        p.push(
             "INSERT INTO open_ops(command_id, info) SELECT * FROM UNNEST($1::text[], $2::text[])
              ON CONFLICT (command_id) DO UPDATE SET info = excluded.info",
-            &[&open_ids, &infos],
-        )?;
+            vec![boxed(open_ids), boxed(infos)],
+        );
     }
     Ok(())
 }
 
-fn write_approvals(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
+fn write_approvals<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError> {
     if plan.approvals.rows.is_empty() {
         return Ok(());
     }
@@ -632,17 +716,17 @@ fn write_approvals(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
     let records: Vec<&str> = rows.iter().map(|(_, v)| v.0.as_str()).collect();
     let created: Vec<i64> = rows.iter().map(|(_, v)| v.1).collect();
     let updated: Vec<i64> = rows.iter().map(|(_, v)| v.2).collect();
-    pg.execute(
-        "INSERT INTO approvals(approval_id, record, created_seq, updated_seq)
+    p.push(
+            "INSERT INTO approvals(approval_id, record, created_seq, updated_seq)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
          ON CONFLICT (approval_id)
          DO UPDATE SET record = excluded.record, updated_seq = excluded.updated_seq",
-        &[&ids, &records, &created, &updated],
-    )?;
+            vec![boxed(ids), boxed(records), boxed(created), boxed(updated)],
+        );
     Ok(())
 }
 
-fn write_invocations(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
+fn write_invocations<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError> {
     if plan.invocations.rows.is_empty() {
         return Ok(());
     }
@@ -650,11 +734,11 @@ fn write_invocations(pg: &mut PgConn, plan: &Plan) -> Result<(), StoreError> {
     let ids: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
     let infos: Vec<Option<&str>> = rows.iter().map(|(_, v)| v.0.as_deref()).collect();
     let seqs: Vec<Option<i64>> = rows.iter().map(|(_, v)| v.1).collect();
-    pg.execute(
-        "INSERT INTO invocations(invocation_id, info, seq)
+    p.push(
+            "INSERT INTO invocations(invocation_id, info, seq)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[])
          ON CONFLICT (invocation_id) DO UPDATE SET info = excluded.info, seq = excluded.seq",
-        &[&ids, &infos, &seqs],
-    )?;
+            vec![boxed(ids), boxed(infos), boxed(seqs)],
+        );
     Ok(())
 }

@@ -376,6 +376,87 @@ impl PgConn {
     }
 }
 
+/// A parameter a pipeline's statement owns (or borrows from the plan it
+/// writes), so that a batch's statements can be gathered before one is sent.
+pub(crate) type Param<'a> = Box<dyn ToSql + Sync + 'a>;
+
+/// Statements sent together in one round trip (see [`PgConn::pipeline`]).
+#[derive(Default)]
+pub(crate) struct Pipeline<'a> {
+    steps: Vec<(&'static str, Vec<Param<'a>>)>,
+}
+
+impl<'a> Pipeline<'a> {
+    pub(crate) fn push(&mut self, sql: &'static str, params: Vec<Param<'a>>) {
+        self.steps.push((sql, params));
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+/// What one statement of a pipeline got: its rows, or the server's refusal
+/// (a `db_error`), or a lost link.
+pub(crate) type StepResult = Result<Vec<Row>, tokio_postgres::Error>;
+
+impl PgConn {
+    /// Sends every statement of `p` at once and waits for all answers (one
+    /// round trip instead of one a statement; tokio-postgres writes the
+    /// requests of futures polled together back to back, in the order they
+    /// are first polled, and `join_all` polls in order). The server runs them
+    /// one after another as if sent singly; after a refusal the rest of an
+    /// open transaction is refused too (`25P02`) and a `COMMIT` rolls back.
+    /// The answers are in the order of the statements; the outer error is a
+    /// link lost or silent past [`STATEMENT_TIMEOUT`] (the link is then
+    /// dropped: what the server did of the pipeline is unknown).
+    pub(crate) fn pipeline(&mut self, p: &Pipeline<'_>) -> Result<Vec<StepResult>, StoreError> {
+        let statements = self.prepare(p)?;
+        let client = self.client.as_ref().ok_or_else(|| self.no_client())?;
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> = p
+            .steps
+            .iter()
+            .map(|(_, ps)| ps.iter().map(|b| b.as_ref() as &(dyn ToSql + Sync)).collect())
+            .collect();
+        let calls = statements
+            .iter()
+            .zip(&params)
+            .map(|(st, ps)| client.query(st, ps.as_slice()));
+        let answers = wait(&self.rt, futures_util::future::join_all(calls));
+        match answers {
+            Ok(all) => {
+                if all.iter().any(|r| r.as_ref().is_err_and(|e| e.as_db_error().is_none()))
+                    || self.client.as_ref().is_none_or(Client::is_closed)
+                {
+                    self.drop_link();
+                }
+                Ok(all)
+            }
+            Err(_) => {
+                self.drop_link();
+                Err(StoreError::Postgres(format!(
+                    "a batch of statements: no answer from {} within {STATEMENT_TIMEOUT:?}",
+                    self.target.shown
+                )))
+            }
+        }
+    }
+
+    /// Prepares (once per link) every statement of `p`; nothing is run.
+    pub(crate) fn prepare(&mut self, p: &Pipeline<'_>) -> Result<Vec<Statement>, StoreError> {
+        let mut statements = Vec::with_capacity(p.steps.len());
+        for (sql, _) in &p.steps {
+            statements.push(self.statement(sql)?);
+        }
+        Ok(statements)
+    }
+
+    /// The error of a statement of a pipeline, as [`Self::query`] reports it.
+    pub(crate) fn step_error(what: &str, e: &tokio_postgres::Error) -> StoreError {
+        pg_err(what, e)
+    }
+}
+
 /// Drives a connection's I/O on the runtime it was made on, whenever a call
 /// blocks on it (called inside that runtime).
 fn spawn_io<F>(connection: F)
