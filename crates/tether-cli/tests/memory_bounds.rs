@@ -31,7 +31,11 @@ fn setpoint(sid: &str, cid: &str, t: f64) -> Value {
 }
 
 fn rest(s: &Server, method: &str, path: &str, body: &Value) -> (u16, Value) {
-    let b = if body.is_null() { String::new() } else { body.to_string() };
+    let b = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
     let r = http_request(s.addr(), method, path, b.as_bytes(), TIMEOUT, "");
     (r.status, r.json())
 }
@@ -41,14 +45,22 @@ fn invoke(s: &Server, cid: &str, t: f64) -> (String, Value) {
     let body = json!({"input": {"target_temperature": t}, "command_id": cid});
     let (status, v) = rest(s, "POST", "/tools/thermostat-1__setpoint:invoke", &body);
     assert_eq!(status, 202, "{v}");
-    let inv = v["data"]["invocation_id"].as_str().expect("invocation_id").to_owned();
+    let inv = v["data"]["invocation_id"]
+        .as_str()
+        .expect("invocation_id")
+        .to_owned();
     (inv.clone(), result(s, &inv))
 }
 
 fn result(s: &Server, inv: &str) -> Value {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let (status, v) = rest(s, "GET", &format!("/invocations/{inv}/result"), &Value::Null);
+        let (status, v) = rest(
+            s,
+            "GET",
+            &format!("/invocations/{inv}/result"),
+            &Value::Null,
+        );
         if status == 200 {
             return v["data"].clone();
         }
@@ -66,7 +78,11 @@ fn replay_from_store(s: &Server, cid: &str, t: f64, receipt_id: &Value) {
     let again = s.command(setpoint(&sid, cid, t));
     assert_eq!(again["receipt_id"], *receipt_id, "{again}");
     assert_eq!(again["status"], "completed", "{again}");
-    assert_eq!(s.revision(&sid, "thermostat-1", "main"), before, "the replay ran the command again");
+    assert_eq!(
+        s.revision(&sid, "thermostat-1", "main"),
+        before,
+        "the replay ran the command again"
+    );
     let other = s.command(setpoint(&sid, cid, t + 1.0));
     assert_rejected(&other, "MHS.CONFLICT.COMMAND_ID_REUSE");
     assert_eq!(s.revision(&sid, "thermostat-1", "main"), before);
@@ -75,7 +91,10 @@ fn replay_from_store(s: &Server, cid: &str, t: f64, receipt_id: &Value) {
 #[test]
 fn an_id_beyond_the_memory_bound_is_replayed_from_the_store_never_run_again() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path(), "idempotency_cache_max = 1\nrest_finished_max = 1\n");
+    let cfg = config(
+        dir.path(),
+        "idempotency_cache_max = 1\nrest_finished_max = 1\n",
+    );
     let s = start_with_config(dir.path(), &cfg);
     let sid = s.session();
     let first = s.command(setpoint(&sid, "bound-a", 30.0));
@@ -95,9 +114,15 @@ fn an_id_beyond_the_memory_bound_is_replayed_from_the_store_never_run_again() {
     let (_, r3) = invoke(&s, "bound-rest-3", 42.0);
     assert_eq!(r3["status"], "completed", "{r3}");
     let old = result(&s, &inv1);
-    assert_eq!(old["receipt"]["receipt_id"], r1["receipt"]["receipt_id"], "{old}");
+    assert_eq!(
+        old["receipt"]["receipt_id"], r1["receipt"]["receipt_id"],
+        "{old}"
+    );
     let (_, replayed) = invoke(&s, "bound-rest-1", 40.0);
-    assert_eq!(replayed["receipt"]["receipt_id"], r1["receipt"]["receipt_id"], "{replayed}");
+    assert_eq!(
+        replayed["receipt"]["receipt_id"], r1["receipt"]["receipt_id"],
+        "{replayed}"
+    );
 
     // After a restart (the index warmed with one id only) the same holds.
     let mut s = s;
@@ -106,7 +131,10 @@ fn an_id_beyond_the_memory_bound_is_replayed_from_the_store_never_run_again() {
     let s = start_with_config(dir.path(), &cfg);
     replay_from_store(&s, "bound-a", 30.0, &first["receipt_id"]);
     let old = result(&s, &inv1);
-    assert_eq!(old["receipt"]["receipt_id"], r1["receipt"]["receipt_id"], "{old}");
+    assert_eq!(
+        old["receipt"]["receipt_id"], r1["receipt"]["receipt_id"],
+        "{old}"
+    );
 }
 
 #[test]
@@ -116,6 +144,10 @@ fn a_memory_bound_of_zero_is_a_config_defect_naming_its_key() {
         let cfg = config(dir.path(), &format!("{key} = 0\n"));
         let run = tether(&[OsStr::new("check"), cfg.as_os_str()]);
         assert_ne!(run.code, Some(0), "{}", run.stderr);
-        assert!(run.stderr.contains(&format!("limits.{key}")), "{}", run.stderr);
+        assert!(
+            run.stderr.contains(&format!("limits.{key}")),
+            "{}",
+            run.stderr
+        );
     }
 }

@@ -48,7 +48,12 @@ impl Conn {
 
     /// One request; the status and the JSON body. A request whose answer
     /// did not arrive whole drops the connection (the next one reconnects).
-    pub fn request(&mut self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, Value), String> {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, Value), String> {
         let r = self.exchange(method, path, body);
         if r.is_err() {
             self.stream = None;
@@ -56,7 +61,12 @@ impl Conn {
         r
     }
 
-    fn exchange(&mut self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, Value), String> {
+    fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, Value), String> {
         let addr = self.addr;
         let s = self.stream()?;
         let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n");
@@ -110,7 +120,8 @@ fn read_head(s: &mut BufReader<TcpStream>) -> Result<(u16, usize, bool), String>
             let k = k.trim();
             if k.eq_ignore_ascii_case("content-length") {
                 length = v.trim().parse().ok();
-            } else if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+            } else if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close")
+            {
                 close = true;
             } else if k.eq_ignore_ascii_case("transfer-encoding") {
                 return Err(format!("unexpected transfer-encoding {v}"));
