@@ -31,7 +31,18 @@ pub struct LimitsConfig {
     pub permits_per_principal_max: Option<usize>,
     /// Longest free text (reasons), characters (default 1,024, 512..=65,536).
     pub text_chars_max: Option<usize>,
+    /// Completed command ids (with their receipts' digests) the kernel keeps
+    /// in memory for replay checks (default 50,000, about 170 bytes each;
+    /// 1..=10,000,000). An id beyond it is looked up in the store, so it is
+    /// still replayed, never run again.
+    pub idempotency_cache_max: Option<usize>,
+    /// Finished REST invocations kept in memory (default 10,000, about
+    /// 1.5 KB each; 1..=1,000,000). Older ones are read from the store.
+    pub rest_finished_max: Option<usize>,
 }
+
+/// Largest `idempotency_cache_max` a config may set.
+pub const IDEMPOTENCY_CACHE_LIMIT: usize = 10_000_000;
 
 impl LimitsConfig {
     /// Sets the kernel settings this table names.
@@ -52,7 +63,38 @@ impl LimitsConfig {
             self.permits_per_principal_max,
         );
         set(&mut k.text_chars_max, self.text_chars_max);
+        set(&mut k.idempotency_cache_max, self.idempotency_cache_max);
     }
+
+    /// The defects of the memory bounds this table names.
+    fn memory_defects(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (key, value, limit) in [
+            (
+                "idempotency_cache_max",
+                self.idempotency_cache_max,
+                IDEMPOTENCY_CACHE_LIMIT,
+            ),
+            (
+                "rest_finished_max",
+                self.rest_finished_max,
+                tether_server::rest::FINISHED_MAX_LIMIT,
+            ),
+        ] {
+            if let Some(v) = value.filter(|v| !(1..=limit).contains(v)) {
+                out.push(format!("limits.{key} = {v}: must be 1..={limit}"));
+            }
+        }
+        out
+    }
+}
+
+/// Finished REST invocations kept in memory (`[limits] rest_finished_max`).
+pub fn rest_finished_max(config: &EndpointConfig) -> usize {
+    config
+        .limits
+        .rest_finished_max
+        .unwrap_or(tether_server::rest::FINISHED_MAX_DEFAULT)
 }
 
 /// The MCP session bounds `[http]` names (the defaults where it does not).
@@ -74,6 +116,7 @@ pub fn defects(config: &EndpointConfig) -> Vec<String> {
     let mut kernel = KernelConfig::standard("-");
     config.limits.apply(&mut kernel);
     let mut defects = tether_kernel::bounds::check(&kernel);
+    defects.extend(config.limits.memory_defects());
     defects.extend(mcp_sessions(&config.http).check());
     defects
 }

@@ -90,6 +90,7 @@ pub fn serve(
     } else {
         crate::edge::edge(&prepared.0, open_files)?
             .with_metrics_open(prepared.0.config.telemetry.metrics_open())
+            .with_rest_finished_max(crate::bounds::rest_finished_max(&prepared.0.config))
     };
     for (which, addr) in [
         (Listener::Rpc, &surfaces.http),

@@ -26,6 +26,11 @@ pub const PERMITS_MAX_DEFAULT: usize = 4096;
 pub const PERMITS_PER_PRINCIPAL_MAX_DEFAULT: usize = 256;
 /// Longest free text (a reason) a caller may hand the kernel, characters.
 pub const TEXT_CHARS_MAX_DEFAULT: usize = 1024;
+/// Completed command ids the idempotency index keeps in memory (about 170
+/// bytes each with its digest, plus the index's table sized for the bound
+/// once: ~13 MiB at 50,000; 200,000 held ~55 MiB). A miss beyond it asks the
+/// store, so a replay is still recognised.
+pub const IDEMPOTENCY_CACHE_MAX_DEFAULT: usize = 50_000;
 
 /// Approvals on a page of `mhs.approvals.list` when the caller names no
 /// `limit`.

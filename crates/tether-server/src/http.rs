@@ -37,20 +37,30 @@ struct AppState {
 /// `tls` says the listener speaks TLS (the console's cookie is then
 /// `Secure`, so a browser never sends it over plain HTTP).
 pub fn router(kernel: Kernel, auth: Authenticator, edge: Edge, tls: bool) -> Router {
-    router_with(kernel, auth, edge, tls, false)
+    router_with(
+        kernel,
+        auth,
+        edge,
+        tls,
+        false,
+        crate::rest::FINISHED_MAX_DEFAULT,
+    )
 }
 
 /// [`router`], with `GET /metrics` served without a token when
-/// `metrics_open` (with principals configured it needs one otherwise).
+/// `metrics_open` (with principals configured it needs one otherwise), and
+/// at most `rest_finished_max` finished REST invocations kept in memory.
 pub fn router_with(
     kernel: Kernel,
     auth: Authenticator,
     edge: Edge,
     tls: bool,
     metrics_open: bool,
+    rest_finished_max: usize,
 ) -> Router {
     let auth = Arc::new(auth);
-    let (rest, rest_estop) = crate::rest::router_and_estop(kernel.clone(), Arc::clone(&auth));
+    let (rest, rest_estop) =
+        crate::rest::router_and_estop(kernel.clone(), Arc::clone(&auth), rest_finished_max);
     let guard = Arc::new(HttpGuard {
         edge,
         auth: Arc::clone(&auth),
@@ -185,6 +195,13 @@ pub async fn serve_on(
 ) -> std::io::Result<()> {
     let edge = Edge::new(listener.local_addr()?, &names);
     let open = settings.metrics_open();
-    let app = router_with(kernel, auth.clone(), edge, settings.is_tls(), open);
+    let app = router_with(
+        kernel,
+        auth.clone(),
+        edge,
+        settings.is_tls(),
+        open,
+        settings.rest_finished_max(),
+    );
     crate::listener::serve(listener, app, auth, settings, shutdown).await
 }

@@ -44,7 +44,8 @@ pub struct KernelConfig {
     pub session_ttl_ms: u64,
     /// Most live sessions at once.
     pub sessions_max: usize,
-    /// Completed command ids kept in memory for replay checks.
+    /// Completed command ids kept in memory for replay checks (an id
+    /// beyond it is looked up in the store: replayed, never run again).
     pub idempotency_cache_max: usize,
     /// Deadline of a command that names none, ms.
     pub default_deadline_ms: u64,
@@ -96,7 +97,7 @@ impl KernelConfig {
             endpoint_id: endpoint_id.to_owned(),
             session_ttl_ms: 600_000,
             sessions_max: 10_000,
-            idempotency_cache_max: 200_000,
+            idempotency_cache_max: crate::bounds::IDEMPOTENCY_CACHE_MAX_DEFAULT,
             default_deadline_ms: 300_000,
             approval_ttl_ms: 3_600_000,
             policy: None,

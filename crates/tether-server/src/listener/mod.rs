@@ -123,6 +123,8 @@ pub struct Edge {
     table: Arc<ConnTable>,
     /// `GET /metrics` without a token (`crate::http::router_with`).
     metrics_open: bool,
+    /// Finished REST invocations kept in memory (`crate::rest`).
+    rest_finished_max: usize,
 }
 
 impl Default for Edge {
@@ -148,7 +150,21 @@ impl Edge {
             header_read_timeout: header_read_timeout.max(Duration::from_millis(1)),
             table: Arc::new(ConnTable::new(bounds)),
             metrics_open: false,
+            rest_finished_max: crate::rest::FINISHED_MAX_DEFAULT,
         }
+    }
+
+    /// This edge, keeping at most `max` finished REST invocations in memory
+    /// (older ones are read from the store).
+    #[must_use]
+    pub fn with_rest_finished_max(mut self, max: usize) -> Self {
+        self.rest_finished_max = max;
+        self
+    }
+
+    /// Finished REST invocations kept in memory, at most.
+    pub fn rest_finished_max(&self) -> usize {
+        self.rest_finished_max
     }
 
     /// This edge, serving `GET /metrics` without a token when `open`.

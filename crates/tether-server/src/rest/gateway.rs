@@ -106,7 +106,8 @@ fn internal(what: &str) -> RestError {
 impl Gateway {
     /// The tool catalogue is fixed for the life of the kernel (limits are
     /// resolved at load), so it is built once.
-    pub fn new(kernel: Kernel) -> Self {
+    /// `finished_max` bounds the finished invocations kept in memory.
+    pub fn new(kernel: Kernel, finished_max: usize) -> Self {
         let tools = crate::tools::catalogue(&kernel);
         let by_name = tools
             .iter()
@@ -118,7 +119,7 @@ impl Gateway {
             tools,
             by_name,
             sessions: Mutex::new(HashMap::new()),
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table::new(finished_max)),
         }
     }
 

@@ -7,7 +7,8 @@
 //! `invocations` table only indexes that entry; how a refused one ended is an
 //! `invocation.finished` entry plus a full row. In memory the table is bounded: pending
 //! invocations by [`PENDING_MAX`] (new ones are refused beyond it), finished
-//! ones by [`FINISHED_MAX`] (older ones are answered from the store).
+//! ones by a configured bound ([`FINISHED_MAX_DEFAULT`] unless `[limits]
+//! rest_finished_max` says otherwise; older ones are answered from the store).
 //!
 //! A record is typed ([`Record`]) and written straight to canonical JSON for
 //! the store and for answers: its receipt stays the text the kernel wrote, so
@@ -22,8 +23,12 @@ use tether_kernel::{Answer, CancelToken};
 
 /// Invocations running at once; a new one beyond this is refused (503).
 pub(crate) const PENDING_MAX: usize = 4096;
-/// Finished invocations kept in memory; older ones are read from the store.
-pub(crate) const FINISHED_MAX: usize = 100_000;
+/// Finished invocations kept in memory by default; older ones are read from
+/// the store. About 1.5 KB each: 10,000 hold ~15 MiB (100,000 held ~150 MiB,
+/// most of a REST soak's resident memory).
+pub const FINISHED_MAX_DEFAULT: usize = 10_000;
+/// Largest bound a config may set on finished invocations in memory.
+pub const FINISHED_MAX_LIMIT: usize = 1_000_000;
 
 /// Terminal statuses are a receipt's; `pending` is the only other one.
 pub(crate) const PENDING: &str = "pending";
@@ -347,19 +352,29 @@ pub(crate) struct Table {
     by_id: HashMap<String, Box<Invocation>>,
     pending: usize,
     finished_order: VecDeque<String>,
+    /// Finished invocations kept, at most (at least 1).
+    finished_max: usize,
 }
 
 impl Default for Table {
     fn default() -> Self {
-        Self {
-            by_id: HashMap::with_capacity(PENDING_MAX + FINISHED_MAX),
-            pending: 0,
-            finished_order: VecDeque::with_capacity(FINISHED_MAX + 1),
-        }
+        Self::new(FINISHED_MAX_DEFAULT)
     }
 }
 
 impl Table {
+    /// A table keeping at most `finished_max` finished invocations (at
+    /// least one).
+    pub fn new(finished_max: usize) -> Self {
+        let finished_max = finished_max.clamp(1, FINISHED_MAX_LIMIT);
+        Self {
+            by_id: HashMap::with_capacity(PENDING_MAX + finished_max),
+            pending: 0,
+            finished_order: VecDeque::with_capacity(finished_max + 1),
+            finished_max,
+        }
+    }
+
     /// Adds a pending invocation, unless [`PENDING_MAX`] are pending.
     pub fn insert(&mut self, inv: Invocation) -> bool {
         if self.pending >= PENDING_MAX {
@@ -380,7 +395,7 @@ impl Table {
     }
 
     /// Marks an invocation finished with its outcome (moved into the
-    /// record); evicts the oldest finished ones beyond [`FINISHED_MAX`].
+    /// record); evicts the oldest finished ones beyond the table's bound.
     /// Answers the finished record's row form when `copy` asks for it (the
     /// caller must record it), `None` when it was not pending.
     pub fn finish(
@@ -401,7 +416,7 @@ impl Table {
         });
         self.pending = self.pending.saturating_sub(1);
         self.finished_order.push_back(id.to_owned());
-        while self.finished_order.len() > FINISHED_MAX {
+        while self.finished_order.len() > self.finished_max {
             if let Some(old) = self.finished_order.pop_front() {
                 self.by_id.remove(&old);
             }

@@ -36,6 +36,7 @@ use axum::Router;
 use envelope::{from_body, no_body, ok, read_json, Data, RestError};
 use gateway::{ControlBody, Gateway, InvokeBody};
 use invocations::Form;
+pub use invocations::{FINISHED_MAX_DEFAULT, FINISHED_MAX_LIMIT};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tether_core::{echo, Code};
@@ -54,14 +55,19 @@ type Answer = Result<(StatusCode, Data), RestError>;
 
 /// The gateway's routes, to be merged into the HTTP router.
 pub fn router(kernel: Kernel, auth: Arc<Authenticator>) -> Router {
-    router_and_estop(kernel, auth).0
+    router_and_estop(kernel, auth, invocations::FINISHED_MAX_DEFAULT).0
 }
 
 /// The gateway's routes, and the door through which the edge serves the
 /// `estop` tool of a request it refused (`crate::edge::guard`).
-pub(crate) fn router_and_estop(kernel: Kernel, auth: Arc<Authenticator>) -> (Router, EstopDoor) {
+/// At most `finished_max` finished invocations stay in memory.
+pub(crate) fn router_and_estop(
+    kernel: Kernel,
+    auth: Arc<Authenticator>,
+    finished_max: usize,
+) -> (Router, EstopDoor) {
     let state = RestState {
-        gw: Arc::new(Gateway::new(kernel)),
+        gw: Arc::new(Gateway::new(kernel, finished_max)),
         auth,
     };
     let door = EstopDoor(state.clone());
