@@ -156,6 +156,12 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
             "tether: the evidence store ({store_shown}) cannot be opened or written ({why}): serving LATCHED (every device tripped; e-stops, status, health and reads are served) and trying again"
         );
     }
+    if started.restoring {
+        eprintln!(
+            "tether: the evidence store ({store_shown}) is open and its state is still being restored (a large store): serving (e-stops, status, health and reads; commands are refused until it is done); the store opens when the restore ends, or every device is tripped if it fails or outlasts {} ms",
+            tether_kernel::START_RESTORE_READ_MS
+        );
+    }
     let kernel = started.kernel;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

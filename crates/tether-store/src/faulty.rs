@@ -2,7 +2,10 @@
 //!
 //! Wraps any [`Store`]; while `fail_writes` is set every commit fails with
 //! [`StoreError::Io`] (nothing is written), while `fail_reads` is set every
-//! read fails. Used by the kernel's tests of fail-closed evidence; it is part
+//! read fails; while `hold_writes` is set every commit waits, as on a
+//! database another process holds locked, and fails after a busy timeout;
+//! while `hold_index` is set the read of the receipt digests waits (a large
+//! store's index warm-up on a loaded machine). Used by the kernel's tests of fail-closed evidence; it is part
 //! of the public surface so end users can run the same drills.
 
 use crate::{
@@ -23,7 +26,17 @@ pub struct FaultyStore {
     pub refused_commits: AtomicU64,
     /// Receipt look-ups by `command_id` so far (failed ones included).
     pub receipt_reads: AtomicU64,
+    /// While set, a commit waits (up to [`HOLD_WRITES_BUSY_TIMEOUT`], then
+    /// fails as SQLite's busy timeout does); cleared, it goes through.
+    pub hold_writes: AtomicBool,
+    /// While set, a read of the receipt digests waits (up to
+    /// [`HOLD_WRITES_BUSY_TIMEOUT`]), then reads.
+    pub hold_index: AtomicBool,
 }
+
+/// How long a commit held by `hold_writes` (or a read held by
+/// `hold_index`) waits before it fails (or reads).
+pub const HOLD_WRITES_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl FaultyStore {
     /// Wraps a store; nothing fails until told to.
@@ -34,7 +47,14 @@ impl FaultyStore {
             fail_reads: AtomicBool::new(false),
             refused_commits: AtomicU64::new(0),
             receipt_reads: AtomicU64::new(0),
+            hold_writes: AtomicBool::new(false),
+            hold_index: AtomicBool::new(false),
         }
+    }
+
+    /// Waits while writes are held; `false` once the busy timeout passed.
+    fn wait_for_writes(&self) -> bool {
+        wait_while(&self.hold_writes)
     }
 
     fn read_check(&self) -> Result<(), StoreError> {
@@ -45,11 +65,28 @@ impl FaultyStore {
     }
 }
 
+/// Waits while `flag` is set; `false` once [`HOLD_WRITES_BUSY_TIMEOUT`] passed.
+fn wait_while(flag: &AtomicBool) -> bool {
+    let t0 = std::time::Instant::now();
+    while flag.load(Ordering::SeqCst) {
+        if t0.elapsed() >= HOLD_WRITES_BUSY_TIMEOUT {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
+
 impl Store for FaultyStore {
     fn submit_ref(&self, commit: &Commit, done: Done) {
         if self.fail_writes.load(Ordering::SeqCst) {
             self.refused_commits.fetch_add(1, Ordering::SeqCst);
             done(Err(StoreError::Io("injected write failure".into())));
+            return;
+        }
+        if !self.wait_for_writes() {
+            self.refused_commits.fetch_add(1, Ordering::SeqCst);
+            done(Err(StoreError::Sqlite("database is locked".into())));
             return;
         }
         self.inner.submit_ref(commit, done);
@@ -60,6 +97,8 @@ impl Store for FaultyStore {
         self.inner.receipt(command_id)
     }
     fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
+        // Held first, checked after: a test may fail the read it released.
+        wait_while(&self.hold_index);
         self.read_check()?;
         self.inner.receipt_digests(limit)
     }

@@ -67,6 +67,11 @@ impl Index {
         self.alone = alone;
     }
 
+    /// Whether the index holds no id at all (nothing answered yet).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Warms the index with a retained id (receipt loaded lazily).
     pub fn warm(&mut self, command_id: String, digest: String) {
         self.insert_done(Arc::from(command_id), digest, None);

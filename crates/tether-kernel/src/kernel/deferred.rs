@@ -6,6 +6,12 @@
 //! what the kernel says of a store that is not open ([`OpenState`]).
 //! **Never belongs here:** opening a store (the caller's [`OpenStore`]; the
 //! kernel knows no SQL), what a restore reads (`start.rs`).
+//! **Bounds:** the store's open ([`START_OPEN_WAIT_MS`]); the restore's
+//! first stage, the writes a lock stops and the devices' state
+//! ([`START_RESTORE_WAIT_MS`]); the rest of the restore, reads linear in
+//! the store, which a large store on a loaded machine may need longer for
+//! ([`START_RESTORE_READ_MS`], the endpoint serving untripped meanwhile
+//! with the store not open).
 //! **Fail-closed rule:** a store that does not answer at start-up never
 //! lets anything act: every device is latched in memory (seeds/000: a
 //! runtime whose state cannot be read at start-up starts tripped) and only
@@ -38,11 +44,23 @@ pub type OpenStore = Box<dyn FnMut() -> Result<Arc<dyn Store>, StoreError> + Sen
 /// may wait out another process's lock once, up to the store's own busy
 /// timeout of 5 s).
 pub const START_OPEN_WAIT_MS: u64 = 10_000;
-/// Longest the start waits, once the store opened, for the restore and the
-/// `endpoint.start` entry to be durable: a healthy disk takes milliseconds,
-/// a store locked by another process never answers; the endpoint then
+/// Longest the start waits, once the store opened, for the restore's first
+/// stage: the leases taken and the orphaned operations reconciled (the
+/// restore's writes, which wait for the store's write lock) and each
+/// device's latch and revisions read. A healthy disk takes milliseconds, a
+/// store locked by another process does not answer; the endpoint then
 /// serves tripped while the attempt goes on.
 pub const START_RESTORE_WAIT_MS: u64 = 2_000;
+/// Longest the rest of the restore may take once its first stage is done:
+/// reading the idempotency index (up to `idempotency_cache_max` receipt
+/// digests), the budget window's draws and every approval record, then
+/// writing `endpoint.start`. That work is linear in the store, so a large
+/// store on a loaded machine may outlast [`START_RESTORE_WAIT_MS`]; it is
+/// not a lock. Past that wait the endpoint serves with its devices as the
+/// store left them and the store not open yet (stops, reads, status and
+/// health; nothing reaches a device that needs the store), and only a
+/// restore that fails, or outlasts this bound, trips every device.
+pub const START_RESTORE_READ_MS: u64 = 60_000;
 /// First delay before another attempt to open the store.
 const OPEN_RETRY_DELAY_FIRST: Duration = Duration::from_millis(250);
 /// Longest delay between two attempts (the delay doubles up to it).
@@ -54,6 +72,7 @@ pub const SOURCE_STORE_AT_START: &str = "store_unavailable_at_start";
 
 const _: () = assert!(OPEN_RETRY_DELAY_FIRST.as_millis() <= OPEN_RETRY_DELAY_MAX.as_millis());
 const _: () = assert!(START_RESTORE_WAIT_MS <= START_OPEN_WAIT_MS);
+const _: () = assert!(START_RESTORE_WAIT_MS <= START_RESTORE_READ_MS);
 
 /// Whether the kernel's store is open, and if not why (status and health).
 #[derive(Debug, Default)]
@@ -88,8 +107,17 @@ impl OpenState {
 enum Phase {
     /// The store is being opened.
     Opening,
-    /// The store opened; its state is being restored.
+    /// The store opened; the restore's first stage (its writes, which
+    /// wait for the store's write lock, and the devices' state) runs.
     Restoring,
+    /// The first stage is done since the instant held; the rest of the
+    /// state (index, budgets, approvals) is being read.
+    Reading(Instant),
+    /// As `Reading`, and the start stopped waiting for it: the endpoint
+    /// serves untripped with the store not open, and a watchdog trips
+    /// every device if the restore fails or outlasts
+    /// [`START_RESTORE_READ_MS`] from the instant held.
+    Late(Instant),
     /// The first attempt failed (the opener goes on unless it is an
     /// integrity defect).
     Failed(StoreError),
@@ -124,8 +152,22 @@ pub struct DeferredStart {
     /// `Some(why)`: the store did not open in time; every device is latched
     /// and the opener keeps trying.
     pub tripped: Option<String>,
+    /// The store opened and took its writes but its state is still being
+    /// read (a large store): the endpoint serves untripped, and the store
+    /// opens when the restore ends ([`START_RESTORE_READ_MS`]).
+    pub restoring: bool,
     /// The opener's handle: keep it for the life of the endpoint.
     pub opener: StoreOpener,
+}
+
+/// How the start's wait for the first attempt ended.
+enum Waited {
+    /// The store is open and restored.
+    Open,
+    /// Every device is tripped, for this reason.
+    Tripped(String),
+    /// The restore took its writes and is still reading; it goes on.
+    Late,
 }
 
 /// Whether a store error is an integrity defect (never healed by waiting).
@@ -175,25 +217,42 @@ impl Kernel {
                 .spawn(move || kernel.open_loop(&seat, open, &gate, &stop))
                 .map_err(|e| StartError::Store(StoreError::Io(e.to_string())))?;
         }
-        let tripped = kernel.await_first_attempt(&gate)?;
+        let waited = kernel.await_first_attempt(&gate)?;
+        let restoring = matches!(waited, Waited::Late);
+        if restoring {
+            let (kernel, gate) = (kernel.clone(), gate.clone());
+            std::thread::Builder::new()
+                .name("tether-restore-watch".into())
+                .spawn(move || kernel.watch_late_restore(&gate))
+                .map_err(|e| StartError::Store(StoreError::Io(e.to_string())))?;
+        }
         Ok(DeferredStart {
             kernel,
-            tripped,
+            tripped: match waited {
+                Waited::Tripped(why) => Some(why),
+                Waited::Open | Waited::Late => None,
+            },
+            restoring,
             opener,
         })
     }
 
     /// Waits for the first attempt within its bounds; trips every device
-    /// when it failed or did not answer. `Ok(None)`: the store is open.
-    fn await_first_attempt(&self, gate: &Gate) -> Result<Option<String>, StartError> {
+    /// when it failed, or did not open or take its writes in time. A
+    /// restore past its first stage is left to finish ([`Waited::Late`]).
+    fn await_first_attempt(&self, gate: &Gate) -> Result<Waited, StartError> {
         let t0 = Instant::now();
         let mut restoring_since: Option<Instant> = None;
         let Ok(mut phase) = gate.phase.lock() else {
             return Err(StartError::Store(StoreError::Closed));
         };
+        // A start told to wait for its devices waits that long too.
+        let restore_wait = Duration::from_millis(
+            START_RESTORE_WAIT_MS.saturating_add(self.inner.config.wait_for_devices_ms),
+        );
         loop {
             let waited_out = match &*phase {
-                Phase::Open => return Ok(None),
+                Phase::Open => return Ok(Waited::Open),
                 Phase::Failed(e) if integrity(e) => {
                     return Err(crate::kernel::fleet::owned_error(StartError::Store(
                         e.clone(),
@@ -204,12 +263,24 @@ impl Kernel {
                     .then(|| format!("the store did not open within {START_OPEN_WAIT_MS} ms")),
                 Phase::Restoring => {
                     let since = *restoring_since.get_or_insert_with(Instant::now);
-                    // A start told to wait for its devices waits that long too.
-                    let wait =
-                        START_RESTORE_WAIT_MS.saturating_add(self.inner.config.wait_for_devices_ms);
-                    (since.elapsed() >= Duration::from_millis(wait)).then(|| {
-                        format!("the store opened but its state was not restored and recorded within {START_RESTORE_WAIT_MS} ms (locked by another process?)")
+                    (since.elapsed() >= restore_wait).then(|| {
+                        format!("the store opened but did not take the start's writes (leases, reconciled operations) within {START_RESTORE_WAIT_MS} ms (locked by another process, or not answering?)")
                     })
+                }
+                Phase::Reading(at) | Phase::Late(at) => {
+                    let at = *at;
+                    let since = *restoring_since.get_or_insert(at);
+                    if since.elapsed() >= restore_wait {
+                        // Not a lock: a large store being read. Serve
+                        // untripped; the watchdog bounds the rest.
+                        *phase = Phase::Late(at);
+                        self.inner.store_open.set_closed(
+                            "the evidence store is open and its state is still being restored",
+                        );
+                        tracing::warn!("the evidence store's state is still being restored; serving, and the store opens when it is done");
+                        return Ok(Waited::Late);
+                    }
+                    None
                 }
                 Phase::Tripped => Some("tripped".into()),
             };
@@ -218,11 +289,36 @@ impl Kernel {
                 // trip and makes it durable before it seats the store.
                 self.trip_for_store(&why);
                 *phase = Phase::Tripped;
-                return Ok(Some(why));
+                return Ok(Waited::Tripped(why));
             }
             phase = match gate.changed.wait_timeout(phase, Duration::from_millis(50)) {
                 Ok((p, _)) => p,
                 Err(_) => return Err(StartError::Store(StoreError::Closed)),
+            };
+        }
+    }
+
+    /// The watchdog of a restore the start stopped waiting for: trips every
+    /// device when it has not ended [`START_RESTORE_READ_MS`] after its
+    /// first stage (a store that does not answer). Ends when the phase
+    /// leaves `Late` (open, or tripped by the opener on a failure).
+    fn watch_late_restore(&self, gate: &Gate) {
+        let bound = Duration::from_millis(START_RESTORE_READ_MS);
+        let Ok(mut phase) = gate.phase.lock() else {
+            return;
+        };
+        // Bounded: the phase leaves `Late` or the bound passes.
+        while let Phase::Late(at) = &*phase {
+            if at.elapsed() >= bound {
+                let why = format!("the store opened but its state was not restored and recorded within {START_RESTORE_READ_MS} ms after its writes (the store does not answer?)");
+                self.trip_for_store(&why);
+                *phase = Phase::Tripped;
+                gate.changed.notify_all();
+                return;
+            }
+            phase = match gate.changed.wait_timeout(phase, Duration::from_millis(50)) {
+                Ok((p, _)) => p,
+                Err(_) => return,
             };
         }
     }
@@ -266,9 +362,20 @@ impl Kernel {
                     let why = e.to_string();
                     seat.note_failure(why.clone());
                     if let Ok(mut p) = gate.phase.lock() {
-                        if matches!(*p, Phase::Opening | Phase::Restoring) {
-                            *p = Phase::Failed(e.clone());
-                            gate.changed.notify_all();
+                        match *p {
+                            Phase::Opening | Phase::Restoring | Phase::Reading(_) => {
+                                *p = Phase::Failed(e.clone());
+                                gate.changed.notify_all();
+                            }
+                            Phase::Late(_) => {
+                                // The endpoint serves untripped: a restore
+                                // that failed trips it now, under the gate,
+                                // so the next attempt makes the trip durable.
+                                self.trip_for_store(&why);
+                                *p = Phase::Tripped;
+                                gate.changed.notify_all();
+                            }
+                            Phase::Failed(_) | Phase::Tripped | Phase::Open => {}
                         }
                     }
                     if why != last_error {
@@ -311,7 +418,15 @@ impl Kernel {
             }
             matches!(*p, Phase::Tripped | Phase::Failed(_)).then(|| seat.why())
         };
-        self.restore_from(store.as_ref(), fault.as_deref())
+        let first_stage_done = || {
+            if let Ok(mut p) = gate.phase.lock() {
+                if matches!(*p, Phase::Restoring) {
+                    *p = Phase::Reading(Instant::now());
+                    gate.changed.notify_all();
+                }
+            }
+        };
+        self.restore_from(store.as_ref(), fault.as_deref(), &first_stage_done)
             .map_err(|e| match e {
                 StartError::Store(e) => e,
                 other => StoreError::Invalid(other.to_string()),

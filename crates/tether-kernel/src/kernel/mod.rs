@@ -20,7 +20,9 @@ pub(crate) mod fleet;
 mod principal;
 mod start;
 
-pub use deferred::{DeferredStart, OpenStore, StoreOpener};
+pub use deferred::{
+    DeferredStart, OpenStore, StoreOpener, START_RESTORE_READ_MS, START_RESTORE_WAIT_MS,
+};
 pub(crate) use device::{
     answer_margin, binding_rt, compile, BindingRt, DeviceRt, LatchInfo, RunningOp,
     ANSWER_MARGIN_MS_MAX, ESTOP_BUDGET_MS_DEFAULT,

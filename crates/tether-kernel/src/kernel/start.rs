@@ -188,7 +188,7 @@ impl Kernel {
     ) -> Result<Self, StartError> {
         let kernel = Self::assemble(config, cell, drivers, Arc::clone(&store))?;
         kernel
-            .restore_from(store.as_ref(), None)
+            .restore_from(store.as_ref(), None, &|| {})
             .map_err(crate::kernel::fleet::owned_error)?;
         Ok(kernel)
     }
@@ -249,11 +249,16 @@ impl Kernel {
     /// and the approvals — and records `endpoint.start` there. A latch is
     /// only ever set here, never released: a device latched in memory (the
     /// trip of an endpoint that started without its store, `start_fault`)
-    /// stays latched whatever the store says.
+    /// stays latched whatever the store says. `first_stage_done` is called
+    /// once the restore's writes that wait for the store's lock (leases,
+    /// reconciled operations) and the devices' state are done; what
+    /// follows reads work linear in the store (the deferred start bounds
+    /// the two stages apart).
     pub(crate) fn restore_from(
         &self,
         store: &dyn Store,
         start_fault: Option<&str>,
+        first_stage_done: &dyn Fn(),
     ) -> Result<(), StartError> {
         // Leases first: only an owner reconciles, and only the operations
         // of endpoints no longer alive.
@@ -266,14 +271,18 @@ impl Kernel {
         for dev in &self.inner.devices {
             restore_device_state(&self.inner.config, dev, &latches, &revisions);
         }
+        first_stage_done();
         let warm = restore_index(&self.inner.config, store)?;
         if let Ok(mut idem) = self.inner.idem.lock() {
             match (start_fault, warm) {
                 // A fresh kernel: the store's receipts are the whole index.
-                (None, warm) => *idem = warm.into_index(&self.inner.config),
-                // Ids this endpoint answered while the store was away stay
-                // as they are; the index stays incomplete (a miss asks).
-                (Some(_), warm) => {
+                (None, warm) if idem.is_empty() => {
+                    *idem = warm.into_index(&self.inner.config);
+                }
+                // Ids this endpoint answered while the store was away (or
+                // while its state was still being read) stay as they are;
+                // the index stays incomplete (a miss asks).
+                (_, warm) => {
                     for (id, digest) in warm.ids {
                         idem.warm_missing(id, digest);
                     }
