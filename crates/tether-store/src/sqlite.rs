@@ -12,13 +12,16 @@
 //! | `apply` | the writer's backend: one transaction per batch |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
+//! | `archive` | the archive anchor and `audit archive`'s transaction |
 
 mod apply;
+mod archive;
 mod checkpoint;
 mod head;
 mod read;
 mod schema;
 
+pub(crate) use archive::read_anchor;
 pub(crate) use head::recorded_head;
 pub use schema::SCHEMA_VERSION;
 
