@@ -287,7 +287,13 @@ fn archive(
         })?,
     };
     let opened = crate::store::open_for_shell(choice)?;
+    // A refusal is said as it is (a `StoreError::Invalid` would read
+    // "invalid commit").
     let done = tether_store::archive::archive(&*opened.store, before, &keys, out)
+        .map_err(|e| match e {
+            tether_store::StoreError::Invalid(m) => anyhow::anyhow!(m),
+            e => anyhow::Error::new(e),
+        })
         .with_context(|| format!("archiving the {}", opened.shown))?;
     let a = &done.anchor;
     println!(

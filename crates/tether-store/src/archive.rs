@@ -125,6 +125,12 @@ pub fn archive(
             "--before {before} is beyond the chain's head (seq {head}); nothing was archived"
         )));
     }
+    if let Some(p) = previous.as_ref().filter(|p| before <= p.checkpoint_seq) {
+        return Err(StoreError::Invalid(format!(
+            "nothing to archive before seq {before}: the store starts at seq {first_seq} (seq {} to {} are archived in {}), and its first checkpoint is at seq {}",
+            p.first_seq, p.through_seq, p.file_name, p.checkpoint_seq
+        )));
+    }
     let found = find_checkpoint(store, before)?;
     let cp = keys.check_body(&found.body).map_err(|e| {
         StoreError::Invalid(format!(

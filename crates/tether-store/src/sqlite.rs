@@ -103,7 +103,12 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
         conn.set_prepared_statement_cache_capacity(32);
         schema::migrate(&mut conn)?;
-        let head = head::load_head(&conn)?;
+        // The last entry and the head recorded beside it, read in one
+        // snapshot: another process on the store may commit in between.
+        conn.execute_batch("BEGIN")?;
+        let head = head::load_head(&conn);
+        conn.execute_batch("COMMIT")?;
+        let head = head?;
 
         let reader = Connection::open_with_flags(
             &path,
