@@ -1,4 +1,4 @@
-//! `tether audit export|verify|checkpoint`: the evidence chain read straight
+//! `tether audit export|verify|checkpoint|archive`: the evidence chain read straight
 //! from a state directory's store (no endpoint needed), or verified from an
 //! exported JSON Lines file, with the checkpoint signatures when public keys
 //! are given. Exit 1 names the first broken entry.
@@ -57,6 +57,23 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
             )
         }
         AuditAction::Checkpoint { state_dir } => print_checkpoint(state_dir),
+        AuditAction::Archive {
+            before,
+            out,
+            state_dir,
+            store,
+            pubkey,
+            pubkey_file,
+        } => archive(
+            &StoreChoice {
+                state_dir,
+                store,
+                ..Default::default()
+            },
+            before,
+            &out,
+            given_keys(&pubkey, &pubkey_file)?,
+        ),
     }
 }
 
@@ -118,16 +135,10 @@ fn verify(
     checkpoint: Option<&Path>,
     require_signed_tail: bool,
 ) -> anyhow::Result<ExitCode> {
-    if file.is_none() {
-        if let Some(url) = choice.url(None) {
-            return verify_postgres(
-                &url,
-                keys.is_some() || checkpoint.is_some() || require_signed_tail,
-            );
-        }
-    }
-    let store_dir = file
-        .is_none()
+    let url = choice.url(None).filter(|_| file.is_none());
+    // A PostgreSQL store's keys come from the flags, or from a state
+    // directory named beside it.
+    let store_dir = (file.is_none() && (url.is_none() || choice.state_dir.is_some()))
         .then(|| config::state_dir(choice.state_dir.as_deref(), None));
     // A store verified without keys is checked with the public keys kept
     // beside it, when it has them (said in the report).
@@ -148,6 +159,11 @@ fn verify(
         require_signed_tail,
     };
     let (report, signing) = match (file, store_dir) {
+        _ if url.is_some() => {
+            let url = url.unwrap_or_default();
+            tether_store::postgres::verify_url_with(&url, &opts)
+                .with_context(|| format!("reading the PostgreSQL store {url}"))?
+        }
         // `-` is standard input, as for other Unix tools:
         // `tether audit export | tether audit verify --file -`.
         (Some(f), _) if f.as_os_str() == "-" => tether_store::verify::verify_jsonl_with(
@@ -173,17 +189,6 @@ fn verify(
     Ok(code)
 }
 
-/// Verifies a PostgreSQL store's chain. Signatures are not checked there
-/// yet: asked for, that refuses rather than answering without them.
-fn verify_postgres(url: &str, signing_asked: bool) -> anyhow::Result<ExitCode> {
-    if signing_asked {
-        bail!("--pubkey, --pubkey-file, --checkpoint and --require-signed-tail are not supported on a PostgreSQL store yet; verify an export of it (`tether audit export --store URL > F`, then `--file F`)");
-    }
-    let report = tether_store::postgres::verify_url(url)
-        .with_context(|| format!("reading the PostgreSQL store {url}"))?;
-    Ok(say(&report, &SigningReport::default(), false))
-}
-
 /// Prints the verdict; the exit code.
 fn say(report: &VerifyReport, signing: &SigningReport, saved: bool) -> ExitCode {
     if !report.ok {
@@ -197,7 +202,20 @@ fn say(report: &VerifyReport, signing: &SigningReport, saved: bool) -> ExitCode 
         return ExitCode::from(1);
     }
     println!("ok: {} entries, chain intact", report.entries);
-    if signing.first_seq > 1 {
+    if let Some(a) = &signing.archived {
+        println!(
+            "archived: entries before seq {} are archived (anchor: seq {} to {}, {} entries, in {} with sha256 {}, last hash {}); the store starts at seq {}, proven by the signed checkpoint at seq {}",
+            a.through_seq + 1,
+            a.first_seq,
+            a.through_seq,
+            a.entries,
+            a.file_name,
+            a.file_sha256,
+            a.through_hash,
+            a.through_seq + 1,
+            a.checkpoint_seq
+        );
+    } else if signing.first_seq > 1 {
         println!(
             "slice: seq {} to {}, its start proven by a signed checkpoint",
             signing.first_seq, signing.last_seq
@@ -246,6 +264,56 @@ fn print_checkpoint(state_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         saved.entry_seq,
         signed["seq"],
         signed["key_id"].as_str().unwrap_or("?")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tether audit archive`: the keys from the flags, else the state
+/// directory's; refused without any.
+fn archive(
+    choice: &StoreChoice,
+    before: u64,
+    out: &Path,
+    keys: Option<KeyRing>,
+) -> anyhow::Result<ExitCode> {
+    let dir = config::state_dir(choice.state_dir.as_deref(), None);
+    let keys = match keys {
+        Some(k) => k,
+        None => keys::public_keys(&dir)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no public key in {} (and none given with --pubkey or --pubkey-file): an archive ends at a signed checkpoint, so it needs the signing key's public keys (`tether keys init` makes a key); nothing was archived",
+                dir.display()
+            )
+        })?,
+    };
+    let opened = crate::store::open_for_shell(choice)?;
+    // A refusal is said as it is (a `StoreError::Invalid` would read
+    // "invalid commit").
+    let done = tether_store::archive::archive(&*opened.store, before, &keys, out)
+        .map_err(|e| match e {
+            tether_store::StoreError::Invalid(m) => anyhow::anyhow!(m),
+            e => anyhow::Error::new(e),
+        })
+        .with_context(|| format!("archiving the {}", opened.shown))?;
+    let a = &done.anchor;
+    println!(
+        "archived: {} entries (seq {} to {}) to {} (sha256 {})",
+        a.entries,
+        a.first_seq,
+        a.through_seq,
+        out.display(),
+        a.file_sha256
+    );
+    println!(
+        "the store now starts at seq {}, proven by the signed checkpoint at seq {} (which signs seq {}, hash {})",
+        a.through_seq + 1,
+        a.checkpoint_seq,
+        a.through_seq,
+        a.through_hash
+    );
+    println!(
+        "kept: {} receipts and {} invocation records of the archived entries (their ids still answer)",
+        done.receipts_kept, done.invocations_kept
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -387,6 +387,33 @@ pub enum AuditAction {
         #[arg(long)]
         require_signed_tail: bool,
     },
+    /// Move the entries before a signed checkpoint into a verified export
+    /// file and remove them from the store, which then verifies from that
+    /// checkpoint on. The file is written, fsynced and verified before
+    /// anything is removed; receipts stay, so a past command_id never runs
+    /// again.
+    Archive {
+        /// Archive up to the head signed by the newest checkpoint entry at
+        /// or before SEQ.
+        #[arg(long, value_name = "SEQ")]
+        before: u64,
+        /// The archive file to create (never overwritten).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// State directory (its store, and its public keys unless given).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// A PostgreSQL store (instead of a state directory's).
+        #[arg(long, value_name = "URL", env = "TETHER_STORE_URL")]
+        store: Option<String>,
+        /// A public key to check the checkpoint with (default: the state
+        /// directory's public-keys file); repeat for retired keys.
+        #[arg(long, value_name = "KEY")]
+        pubkey: Vec<String>,
+        /// A public-keys file (one key a line, as `tether keys show --all`).
+        #[arg(long, value_name = "FILE")]
+        pubkey_file: Vec<PathBuf>,
+    },
     /// Print the newest signed checkpoint (the file beside the store).
     Checkpoint {
         /// State directory.

@@ -231,6 +231,36 @@ pub(crate) fn receipt_from_entry(command_id: &str, line: &str) -> Result<Value, 
     Ok(receipt)
 }
 
+/// The receipt of `command_id` as a receipts row leads to it: out of its
+/// chain entry `line` while the chain holds it, else the document the row
+/// kept when that entry was archived (`kept`). Neither is corruption.
+pub(crate) fn receipt_from_row(
+    command_id: &str,
+    line: Option<String>,
+    kept: Option<String>,
+    seq: i64,
+) -> Result<Value, StoreError> {
+    match (line, kept) {
+        (Some(line), _) => receipt_from_entry(command_id, &line),
+        (None, Some(kept)) => {
+            let receipt: Value = serde_json::from_str(&kept).map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "the kept receipt of command_id {command_id:?} is not valid JSON: {e}"
+                ))
+            })?;
+            if receipt.get("command_id").and_then(Value::as_str) != Some(command_id) {
+                return Err(StoreError::Corrupt(format!(
+                    "the kept receipt of command_id {command_id:?} is another command's"
+                )));
+            }
+            Ok(receipt)
+        }
+        (None, None) => Err(StoreError::Corrupt(format!(
+            "the receipt of command_id {command_id:?} is indexed at entry {seq}, which is missing (and no archive kept it)"
+        ))),
+    }
+}
+
 /// The invocation record held as the body of the chain entry `line`, which
 /// must name `invocation_id`.
 pub(crate) fn invocation_from_entry(

@@ -45,6 +45,7 @@
 #![deny(missing_docs)]
 
 pub use tether_core::canonical;
+pub mod archive;
 pub mod chain;
 pub mod checkpoint;
 pub mod deferred;
@@ -621,6 +622,30 @@ pub trait Store: Send + Sync + 'static {
     /// `LISTEN`) returns as soon as one is announced.
     fn wait_change(&self, timeout: std::time::Duration) {
         std::thread::sleep(timeout);
+    }
+
+    /// The newest archive the store records ([`archive::ArchiveAnchor`]):
+    /// its chain starts one past `through_seq`. `None` when nothing was
+    /// archived (the chain starts at seq 1).
+    fn archive_anchor(&self) -> Result<Option<archive::ArchiveAnchor>, StoreError> {
+        Ok(None)
+    }
+
+    /// The transaction of [`archive::archive`], once the archive file is
+    /// written and verified: in one transaction, checks that the store still
+    /// starts at `anchor.first_seq` (no other archive ran meanwhile) and that
+    /// its entry at `anchor.through_seq` has `anchor.through_hash`, copies the
+    /// receipt documents and invocation records held by the entries up to
+    /// `anchor.through_seq` into their index rows, deletes those entries and
+    /// records `anchor`. A backend that cannot archive says so.
+    fn archive_commit(
+        &self,
+        anchor: &archive::ArchiveAnchor,
+    ) -> Result<archive::ArchiveCommitted, StoreError> {
+        let _ = anchor;
+        Err(StoreError::Unsupported(
+            "this store cannot archive its entries".into(),
+        ))
     }
 
     /// How long [`Store::wait_change`] may wait between reads: the poll

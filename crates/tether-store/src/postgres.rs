@@ -28,8 +28,10 @@
 //! | `listen` | `LISTEN tether_change`: wakes the governed-stop watcher |
 //! | `verify` | `audit verify` of a PostgreSQL store |
 //! | `copy` | `tether store copy`: a SQLite store's state moved in, verified |
+//! | `archive` | the archive anchor and `audit archive`'s transaction |
 
 mod apply;
+mod archive;
 mod conn;
 mod copy;
 mod head;
@@ -42,7 +44,7 @@ mod verify;
 pub use conn::is_postgres_url;
 pub use copy::{copy_sqlite_to_url, CopyReport};
 pub use schema::PG_SCHEMA_VERSION;
-pub use verify::verify_url;
+pub use verify::{verify_url, verify_url_with};
 
 use crate::writer::{Writer, WriterStats};
 use crate::StoreError;
@@ -68,6 +70,8 @@ pub struct PgStore {
     writer: Writer,
     reads: SyncSender<ReadJob>,
     shown: String,
+    /// Where to connect for work of its own (`audit archive`'s transaction).
+    target: PgTarget,
     changes: std::sync::Arc<listen::Changes>,
 }
 
@@ -110,6 +114,7 @@ impl PgStore {
         let target = PgTarget::parse(url)?;
         let shown = target.shown.clone();
         let listen_target = target.clone();
+        let own_target = target.clone();
         let (writer_conn, reader_conn, head) = on_own_thread(move || {
             let mut w = PgConn::connect(target.clone())?;
             schema::check_version(&mut w)?;
@@ -136,6 +141,7 @@ impl PgStore {
             writer,
             reads,
             shown,
+            target: own_target,
             changes,
         })
     }

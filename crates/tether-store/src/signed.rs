@@ -42,6 +42,9 @@ pub struct SigningReport {
     pub unsigned_tail: u64,
     /// True when a saved checkpoint was given and the chain holds it.
     pub saved_held: bool,
+    /// A store's newest archive (`tether audit archive`): its chain starts
+    /// right after `through_seq`, proven by a signed checkpoint in it.
+    pub archived: Option<crate::archive::ArchiveAnchor>,
 }
 
 /// The signature side of one verification, fed every intact entry in order.
@@ -63,6 +66,8 @@ pub(crate) struct Signed {
     saved_entry_seen: Option<String>,
     /// Set once a verified checkpoint names the seq before a slice's first.
     slice_start_proven: bool,
+    /// A store whose entries up to this seq were archived (for the message).
+    archived_through: Option<u64>,
 }
 
 /// Most checkpoint entries remembered after the signed position; past it the
@@ -117,7 +122,13 @@ impl Signed {
             saved_head_seen: None,
             saved_entry_seen: None,
             slice_start_proven: false,
+            archived_through: None,
         }
+    }
+
+    /// The chain is a store's that archived its entries up to `through`.
+    pub(crate) fn set_archived_through(&mut self, through: u64) {
+        self.archived_through = Some(through);
     }
 
     /// Whether a chain may start after seq 1 (a slice): only when its start
@@ -227,6 +238,7 @@ impl Signed {
                 last_seq.saturating_sub(first_seq.saturating_sub(1))
             },
             saved_held: false,
+            archived: None,
         };
         let verdict = self.judge(&report);
         let report = SigningReport {
@@ -237,6 +249,11 @@ impl Signed {
     }
 
     fn judge(&self, r: &SigningReport) -> Result<(), String> {
+        if let Some(through) = self.archived_through.filter(|_| !self.slice_start_proven) {
+            return Err(format!(
+                "the store records its entries up to seq {through} as archived, but no signed checkpoint in it signs seq {through}: the archive point is not proven"
+            ));
+        }
         if r.first_seq > 1 && !self.slice_start_proven {
             return Err(format!(
                 "the slice starts at seq {}, but no signed checkpoint in it signs seq {}: its start is not proven",

@@ -115,7 +115,7 @@ fn parse<'a, T: Deserialize<'a>>(line: &'a [u8]) -> Result<T, StoreError> {
 }
 
 /// A writer that hands each complete line to `each`, with state `acc`.
-struct Lines<A, F> {
+pub(crate) struct Lines<A, F> {
     partial: Vec<u8>,
     acc: Option<A>,
     each: F,
@@ -123,7 +123,7 @@ struct Lines<A, F> {
 }
 
 impl<A, F: FnMut(&[u8], &mut Option<A>) -> Result<(), StoreError>> Lines<A, F> {
-    fn new(each: F) -> Self {
+    pub(crate) fn new(each: F) -> Self {
         Lines {
             partial: Vec::new(),
             acc: None,
@@ -132,7 +132,7 @@ impl<A, F: FnMut(&[u8], &mut Option<A>) -> Result<(), StoreError>> Lines<A, F> {
         }
     }
 
-    fn finish(self) -> Result<Option<A>, StoreError> {
+    pub(crate) fn finish(self) -> Result<Option<A>, StoreError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(self.acc),

@@ -12,13 +12,16 @@
 //! | `apply` | the writer's backend: one transaction per batch |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
+//! | `archive` | the archive anchor and `audit archive`'s transaction |
 
 mod apply;
+mod archive;
 mod checkpoint;
 mod head;
 mod read;
 mod schema;
 
+pub(crate) use archive::read_anchor;
 pub(crate) use head::recorded_head;
 pub use schema::SCHEMA_VERSION;
 
@@ -100,7 +103,12 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
         conn.set_prepared_statement_cache_capacity(32);
         schema::migrate(&mut conn)?;
-        let head = head::load_head(&conn)?;
+        // The last entry and the head recorded beside it, read in one
+        // snapshot: another process on the store may commit in between.
+        conn.execute_batch("BEGIN")?;
+        let head = head::load_head(&conn);
+        conn.execute_batch("COMMIT")?;
+        let head = head?;
 
         let reader = Connection::open_with_flags(
             &path,

@@ -122,6 +122,10 @@ pub struct ChainVerifier {
     prev_hash: String,
     broken: Option<Broken>,
     signed: Signed,
+    /// Verifying a store: where its chain must start (`Some(None)`: seq 1,
+    /// `Some(Some(n))`: one past the archive it records through seq `n`),
+    /// named when the first entry is not there.
+    store_start: Option<Option<u64>>,
 }
 
 impl Default for ChainVerifier {
@@ -156,7 +160,39 @@ impl ChainVerifier {
             prev_hash: GENESIS_PREV_HASH.to_string(),
             broken: None,
             signed,
+            store_start: None,
         }
+    }
+
+    /// A verifier of a store's chain: it starts at seq 1, or, when the store
+    /// records an archive, right after it (`prev_hash` the archived head's
+    /// hash), a start only a signed checkpoint in the store can prove (so
+    /// that needs public keys). A store never verifies as a slice otherwise:
+    /// entries removed from its beginning are found.
+    ///
+    /// # Errors
+    /// As [`ChainVerifier::with_options`], and an archived store without keys.
+    pub(crate) fn for_store(
+        opts: &VerifyOptions,
+        anchor: Option<&crate::archive::ArchiveAnchor>,
+    ) -> Result<Self, String> {
+        let mut v = Self::with_options(opts)?;
+        match anchor {
+            None => v.next_seq = Some(1),
+            Some(a) => {
+                if !v.signed.accepts_slices() {
+                    return Err(format!(
+                        "the store's entries up to seq {} are archived (in {}, sha256 {}): its chain from seq {} on is proven only by a signed checkpoint; give the public keys (--pubkey or --pubkey-file)",
+                        a.through_seq, a.file_name, a.file_sha256, a.through_seq + 1
+                    ));
+                }
+                v.next_seq = Some(a.through_seq + 1);
+                v.prev_hash.clone_from(&a.through_hash);
+                v.signed.set_archived_through(a.through_seq);
+            }
+        }
+        v.store_start = Some(anchor.map(|a| a.through_seq));
+        Ok(v)
     }
 
     /// Check the next entry's text (without its line terminator). Returns
@@ -195,16 +231,27 @@ impl ChainVerifier {
             }
         };
         if link.seq != expected {
-            return self.fail(
-                Some(link.seq),
-                format!("seq gap: expected {expected}, found {}", link.seq),
-            );
+            let reason = match (self.entries, self.store_start) {
+                (0, Some(None)) => format!(
+                    "the chain starts at seq {}, not 1, and the store records no archive: entries before it were removed",
+                    link.seq
+                ),
+                (0, Some(Some(through))) => format!(
+                    "the store records its entries up to seq {through} as archived, but its chain starts at seq {}",
+                    link.seq
+                ),
+                _ => format!("seq gap: expected {expected}, found {}", link.seq),
+            };
+            return self.fail(Some(link.seq), reason);
         }
         if link.prev_hash != self.prev_hash {
-            return self.fail(
-                Some(link.seq),
-                "prev_hash does not match previous entry".into(),
-            );
+            let reason = match (self.entries, self.store_start) {
+                (0, Some(Some(through))) => format!(
+                    "prev_hash is not the hash of seq {through} that the store's archive record names"
+                ),
+                _ => "prev_hash does not match previous entry".into(),
+            };
+            return self.fail(Some(link.seq), reason);
         }
         if let Some((seq_col, hash_col)) = stored {
             if u64::try_from(seq_col).ok() != Some(link.seq) {
@@ -237,6 +284,20 @@ impl ChainVerifier {
             self.fail_next(reason);
         }
         report
+    }
+
+    /// Ends a store's check (its cut-tail checks made): both reports, the
+    /// archive the store records named in the signing one.
+    pub(crate) fn finish_store(
+        &mut self,
+        anchor: Option<crate::archive::ArchiveAnchor>,
+    ) -> (VerifyReport, SigningReport) {
+        if !self.report().ok {
+            return (self.report(), SigningReport::default());
+        }
+        let mut signing = self.finish_signed(self.last_seq());
+        signing.archived = anchor;
+        (self.report(), signing)
     }
 
     /// Seq of the last intact entry (0 when none).
@@ -387,7 +448,7 @@ fn seal_entries(line: &[u8]) -> Option<u64> {
 /// entry text is the source of truth; its `seq` and `hash` columns must agree
 /// with it. Opens the database read-only and never creates it.
 pub fn verify_store(dir: &Path) -> Result<VerifyReport, StoreError> {
-    Ok(run_store(dir, ChainVerifier::new())?.0)
+    Ok(run_store(dir, &VerifyOptions::default())?.0)
 }
 
 /// [`verify_store`] with [`VerifyOptions`] (as [`verify_jsonl_with`]).
@@ -399,13 +460,12 @@ pub fn verify_store_with(
     dir: &Path,
     opts: &VerifyOptions,
 ) -> Result<(VerifyReport, SigningReport), StoreError> {
-    let v = ChainVerifier::with_options(opts).map_err(StoreError::Invalid)?;
-    run_store(dir, v)
+    run_store(dir, opts)
 }
 
 fn run_store(
     dir: &Path,
-    mut v: ChainVerifier,
+    opts: &VerifyOptions,
 ) -> Result<(VerifyReport, SigningReport), StoreError> {
     let path = dir.join(DB_FILE_NAME);
     if !path.is_file() {
@@ -438,7 +498,9 @@ fn run_store(
     let head: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
     let recorded = recorded_head(&conn)?;
     let indexed = highest_indexed_seq(&conn)?;
+    let anchor = crate::sqlite::read_anchor(&conn)?;
     conn.execute_batch("COMMIT")?;
+    let mut v = ChainVerifier::for_store(opts, anchor.as_ref()).map_err(StoreError::Invalid)?;
     let mut st = conn.prepare(
         "SELECT seq, hash, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
     )?;
@@ -469,11 +531,7 @@ fn run_store(
     if v.report().ok {
         check_nothing_cut_from_the_end(&mut v, recorded, indexed);
     }
-    if !v.report().ok {
-        return Ok((v.report(), SigningReport::default()));
-    }
-    let signing = v.finish_signed(v.last_seq());
-    Ok((v.report(), signing))
+    Ok(v.finish_store(anchor))
 }
 
 /// A hash chain cannot show entries cut from its end; the head the store

@@ -361,3 +361,112 @@ fn a_store_verifies_its_checkpoints_as_its_export_does() {
     assert_eq!(b.seq, Some(6));
     assert!(b.reason.contains("not among"), "{}", b.reason);
 }
+
+/// A commit recording the receipt of `id` inside its one entry.
+fn receipt_commit(id: &str) -> Commit {
+    let receipt = json!({"command_id": id, "receipt_id": format!("rcpt-{id}"), "status": "completed", "n": 1.5});
+    Commit {
+        events: vec![EventDraft {
+            kind: "command.receipt".into(),
+            body: json!({"command_id": id, "receipt": receipt}).into(),
+        }],
+        receipts: vec![tether_store::ReceiptRef {
+            command_id: id.into(),
+            input_digest: tether_store::canonical::digest(&json!({"id": id})),
+            event: 0,
+        }],
+        ..Commit::default()
+    }
+}
+
+#[test]
+fn an_archived_store_keeps_its_receipts_and_verifies_from_the_checkpoint() {
+    let dir = tempfile::tempdir().expect("dir");
+    let s = signer(7);
+    let keys = ring(&[&s]);
+    let file = dir.path().join("archive.jsonl");
+    let (first_receipt, through) = {
+        let store = SqliteStore::open(dir.path()).expect("open");
+        store
+            .commit_blocking(receipt_commit("rc-1"))
+            .expect("receipt");
+        entries(&store, 4);
+        let cp = checkpoint(&store, &s);
+        entries(&store, 3);
+        let before = store.receipt("rc-1").expect("read").expect("stored");
+        // Not before any checkpoint, nor past the head.
+        let early = tether_store::archive::archive(&store, 2, &keys, &file).expect_err("early");
+        assert!(
+            early
+                .to_string()
+                .contains("no signed checkpoint at or before seq 2"),
+            "{early}"
+        );
+        assert!(!file.exists());
+        let done =
+            tether_store::archive::archive(&store, cp.entry_seq, &keys, &file).expect("archive");
+        assert_eq!((done.anchor.first_seq, done.anchor.through_seq), (1, 5));
+        assert_eq!(done.anchor.entries, 5);
+        assert_eq!(done.receipts_kept, 1);
+        assert_eq!(
+            store.archive_anchor().expect("anchor"),
+            Some(done.anchor.clone())
+        );
+        assert_eq!(
+            tether_store::archive::file_sha256(&file).expect("digest"),
+            done.anchor.file_sha256
+        );
+        // The id still answers from the kept document, and cannot be stored again.
+        assert_eq!(store.receipt("rc-1").expect("read"), Some(before.clone()));
+        let again = store
+            .commit_blocking(receipt_commit("rc-1"))
+            .expect_err("conflict");
+        assert!(
+            matches!(again, tether_store::StoreError::Conflict(_)),
+            "{again}"
+        );
+        // An export of the store is a slice from the archive point.
+        assert_eq!(export(&store)[0]["seq"], 6);
+        (before, done.anchor.through_seq)
+    };
+    // Reopened: the same.
+    let store = SqliteStore::open(dir.path()).expect("reopen");
+    assert_eq!(store.receipt("rc-1").expect("read"), Some(first_receipt));
+    drop(store);
+    let opts = VerifyOptions {
+        keys: Some(keys.clone()),
+        ..VerifyOptions::default()
+    };
+    let (report, signing) = verify_store_with(dir.path(), &opts).expect("verify");
+    assert!(report.ok, "{report:?}");
+    assert_eq!(signing.archived.expect("anchor").through_seq, through);
+    // Without keys the archive point cannot be proven: refused.
+    let unkeyed = verify_store_with(dir.path(), &VerifyOptions::default()).expect_err("no keys");
+    assert!(
+        unkeyed.to_string().contains("give the public keys"),
+        "{unkeyed}"
+    );
+    let f = std::fs::File::open(&file).expect("file");
+    let (r, sr) = verify_jsonl_with(std::io::BufReader::new(f), &opts).expect("opts");
+    assert!(r.ok && r.entries == 5, "{r:?}");
+    assert_eq!((sr.first_seq, sr.last_seq), (1, 5));
+}
+
+#[test]
+fn a_memory_store_cannot_archive() {
+    let dir = tempfile::tempdir().expect("dir");
+    let s = signer(8);
+    let store = MemoryStore::new();
+    entries(&store, 2);
+    let cp = checkpoint(&store, &s);
+    entries(&store, 1);
+    let file = dir.path().join("a.jsonl");
+    let err = tether_store::archive::archive(&store, cp.entry_seq, &ring(&[&s]), &file)
+        .expect_err("unsupported");
+    assert!(
+        matches!(err, tether_store::StoreError::Unsupported(_)),
+        "{err}"
+    );
+    assert_eq!(export(&store)[0]["seq"], 1, "nothing removed");
+    assert!(!file.exists(), "no file left behind");
+}

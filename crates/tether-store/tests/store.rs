@@ -864,8 +864,19 @@ fn version_5_approvals_are_found_by_position_after_the_migration() {
     assert!(pos > 0);
 }
 
+/// The version 8 layout: no `archives` table, no kept receipt documents.
+fn downgrade_to_v8(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "DROP TABLE archives;
+         ALTER TABLE receipts DROP COLUMN receipt;
+         DELETE FROM schema_version WHERE version = 9;",
+    )
+    .expect("v8 layout");
+}
+
 /// The version 7 layout: no `leases` table.
 fn downgrade_to_v7(db: &rusqlite::Connection) {
+    downgrade_to_v8(db);
     db.execute_batch(
         "DROP TABLE leases;
          DELETE FROM schema_version WHERE version = 8;",

@@ -437,7 +437,8 @@ fn copy_invocations(src: &Connection, pg: &mut PgConn) -> Result<u64, StoreError
 /// whole, ends at the copied head, and every table holds as many rows as
 /// were copied.
 fn check_target(pg: &mut PgConn, report: &CopyReport) -> Result<(), StoreError> {
-    let verified = super::verify::verify_in_snapshot(pg)?;
+    let verified =
+        super::verify::verify_in_snapshot(pg, &crate::verify::VerifyOptions::default())?.0;
     if !verified.ok || verified.entries != report.entries {
         let why = verified
             .first_broken

@@ -50,19 +50,30 @@ impl Store for PgStore {
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         let id = command_id.to_owned();
         let row = self.call(move |pg| {
+            // LEFT JOIN: a receipt whose entry was archived keeps its
+            // document in its own row; one with neither is corrupt.
             let rows = pg.query(
-                "SELECT r.input_digest, e.line FROM receipts r JOIN events e ON e.seq = r.seq
-                 WHERE r.command_id = $1",
+                "SELECT r.input_digest, e.line, r.receipt, r.seq FROM receipts r
+                 LEFT JOIN events e ON e.seq = r.seq WHERE r.command_id = $1",
                 &[&id],
             )?;
-            Ok(pairs(&rows)?.into_iter().next())
+            rows.first()
+                .map(|r| {
+                    Ok::<_, StoreError>((
+                        col::<String>(r, 0)?,
+                        col::<Option<String>>(r, 1)?,
+                        col::<Option<String>>(r, 2)?,
+                        col::<i64>(r, 3)?,
+                    ))
+                })
+                .transpose()
         })?;
         match row {
             None => Ok(None),
-            Some((input_digest, line)) => Ok(Some(ReceiptRow {
+            Some((input_digest, line, kept, seq)) => Ok(Some(ReceiptRow {
                 command_id: command_id.to_owned(),
                 input_digest,
-                receipt: crate::chain::receipt_from_entry(command_id, &line)?,
+                receipt: crate::chain::receipt_from_row(command_id, line, kept, seq)?,
             })),
         }
     }
@@ -299,9 +310,23 @@ impl Store for PgStore {
             };
             after = last;
         }
-        crate::verify::write_export_seal(out, count, &head_hash)?;
+        // After an archive the chain starts past seq 1: the seal follows the head.
+        crate::verify::write_export_seal_at(out, seq_from_db(head)? + 1, count, &head_hash)?;
         out.flush()?;
         Ok(count)
+    }
+
+    fn archive_anchor(&self) -> Result<Option<crate::archive::ArchiveAnchor>, StoreError> {
+        self.call(super::archive::read_anchor)
+    }
+
+    fn archive_commit(
+        &self,
+        anchor: &crate::archive::ArchiveAnchor,
+    ) -> Result<crate::archive::ArchiveCommitted, StoreError> {
+        let target = self.target.clone();
+        let anchor = anchor.clone();
+        super::on_own_thread(move || super::archive::commit(target, &anchor))
     }
 
     fn durable(&self) -> bool {

@@ -11,7 +11,7 @@ use crate::chain::GENESIS_PREV_HASH;
 use crate::StoreError;
 
 /// Schema version this build reads and writes (the highest migration it knows).
-pub const PG_SCHEMA_VERSION: i32 = 2;
+pub const PG_SCHEMA_VERSION: i32 = 3;
 
 /// Key of the advisory lock two concurrent `migrate` runs serialise on.
 const MIGRATE_LOCK: i64 = 0x7465_7468_6572; // "tether"
@@ -91,6 +91,24 @@ const MIGRATIONS: &[(i32, &str)] = &[
         renewed_ms bigint NOT NULL,
         until_ms bigint NOT NULL,
         info text NOT NULL
+    );"#,
+    ),
+    (
+        3,
+        // Retention (`tether audit archive`): a receipt whose chain entry
+        // was archived keeps its document here (NULL while the entry is in
+        // the chain); `archives` records each archive, the newest naming
+        // where the chain now starts.
+        r#"ALTER TABLE receipts ADD COLUMN receipt text;
+    CREATE TABLE archives(
+        through_seq bigint PRIMARY KEY,
+        through_hash text NOT NULL,
+        checkpoint_seq bigint NOT NULL,
+        first_seq bigint NOT NULL,
+        entries bigint NOT NULL,
+        file_sha256 text NOT NULL,
+        file_name text NOT NULL,
+        archived_ms bigint NOT NULL
     );"#,
     ),
 ];

@@ -6,7 +6,9 @@
 
 use super::conn::{PgConn, PgTarget};
 use super::head::{col, seq_from_db};
-use crate::verify::{check_nothing_cut_from_the_end, ChainVerifier, VerifyReport};
+use crate::verify::{
+    check_nothing_cut_from_the_end, ChainVerifier, SigningReport, VerifyOptions, VerifyReport,
+};
 use crate::StoreError;
 
 const PAGE_ROWS: i64 = 1024;
@@ -14,27 +16,47 @@ const PAGE_ROWS: i64 = 1024;
 /// Verifies the chain of the store at `url` (read-only; it needs only the
 /// `SELECT` right).
 pub fn verify_url(url: &str) -> Result<VerifyReport, StoreError> {
+    Ok(verify_url_with(url, &VerifyOptions::default())?.0)
+}
+
+/// [`verify_url`] with public keys, a saved checkpoint or the demand of a
+/// signed tail, as [`crate::verify::verify_store_with`]; a store that
+/// archived its oldest entries verifies from its archive point on, which a
+/// signed checkpoint in it must prove (so it needs the keys).
+///
+/// # Errors
+/// The store cannot be read, or the options are unusable
+/// ([`StoreError::Invalid`]).
+pub fn verify_url_with(
+    url: &str,
+    opts: &VerifyOptions,
+) -> Result<(VerifyReport, SigningReport), StoreError> {
     let target = PgTarget::parse(url)?;
+    let opts = opts.clone();
     super::on_own_thread(move || {
         let mut pg = PgConn::connect(target)?;
         super::schema::check_version(&mut pg)?;
         pg.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
-        let r = verify_in_snapshot(&mut pg);
+        let r = verify_in_snapshot(&mut pg, &opts);
         let _ = pg.batch("ROLLBACK");
         r
     })
 }
 
-pub(super) fn verify_in_snapshot(pg: &mut PgConn) -> Result<VerifyReport, StoreError> {
+pub(super) fn verify_in_snapshot(
+    pg: &mut PgConn,
+    opts: &VerifyOptions,
+) -> Result<(VerifyReport, SigningReport), StoreError> {
     let recorded = super::head::recorded_head(pg)?;
     let indexed = highest_indexed_seq(pg)?;
+    let anchor = super::archive::read_anchor(pg)?;
     let head_rows = pg.query("SELECT COALESCE(MAX(seq), 0) FROM events", &[])?;
     let head: i64 = head_rows
         .first()
         .map(|r| col(r, 0))
         .transpose()?
         .unwrap_or(0);
-    let mut v = ChainVerifier::new();
+    let mut v = ChainVerifier::for_store(opts, anchor.as_ref()).map_err(StoreError::Invalid)?;
     let mut after: i64 = i64::MIN;
     'pages: loop {
         let rows = pg.query(
@@ -58,7 +80,7 @@ pub(super) fn verify_in_snapshot(pg: &mut PgConn) -> Result<VerifyReport, StoreE
         let recorded = (recorded.0 > 0).then_some(recorded);
         check_nothing_cut_from_the_end(&mut v, recorded, indexed);
     }
-    Ok(v.report())
+    Ok(v.finish_store(anchor))
 }
 
 /// The highest entry seq any index names, with the index's name.

@@ -38,20 +38,24 @@ impl Store for SqliteStore {
 
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         let conn = self.read();
-        let row: Option<(String, String)> = conn
+        // LEFT JOIN: a receipt whose entry was archived keeps its document
+        // in its own row; one with neither is corrupt, never "not run".
+        let row: Option<(String, Option<String>, Option<String>, i64)> = conn
             .prepare_cached(
-                "SELECT r.input_digest, e.line FROM receipts r JOIN events e ON e.seq = r.seq
-                 WHERE r.command_id = ?1",
+                "SELECT r.input_digest, e.line, r.receipt, r.seq FROM receipts r
+                 LEFT JOIN events e ON e.seq = r.seq WHERE r.command_id = ?1",
             )?
-            .query_row([command_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row([command_id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
             .optional()?;
         drop(conn);
         match row {
             None => Ok(None),
-            Some((input_digest, line)) => Ok(Some(ReceiptRow {
+            Some((input_digest, line, kept, seq)) => Ok(Some(ReceiptRow {
                 command_id: command_id.to_string(),
                 input_digest,
-                receipt: crate::chain::receipt_from_entry(command_id, &line)?,
+                receipt: crate::chain::receipt_from_row(command_id, line, kept, seq)?,
             })),
         }
     }
@@ -311,9 +315,21 @@ impl Store for SqliteStore {
             };
             after = last;
         }
-        crate::verify::write_export_seal(out, count, &head_hash)?;
+        // After an archive the chain starts past seq 1: the seal follows the head.
+        crate::verify::write_export_seal_at(out, seq_from_db(head)? + 1, count, &head_hash)?;
         out.flush()?;
         Ok(count)
+    }
+
+    fn archive_anchor(&self) -> Result<Option<crate::archive::ArchiveAnchor>, StoreError> {
+        super::archive::read_anchor(&self.read())
+    }
+
+    fn archive_commit(
+        &self,
+        anchor: &crate::archive::ArchiveAnchor,
+    ) -> Result<crate::archive::ArchiveCommitted, StoreError> {
+        super::archive::commit(&self.path, anchor)
     }
 
     fn durable(&self) -> bool {

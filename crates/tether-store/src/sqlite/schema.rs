@@ -9,7 +9,7 @@ use crate::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
@@ -130,6 +130,24 @@ const MIGRATIONS: &[(i64, &str)] = &[
         until_ms INTEGER NOT NULL,
         info TEXT NOT NULL
     ) WITHOUT ROWID;",
+    ),
+    (
+        9,
+        // Retention (`tether audit archive`): a receipt whose chain entry was
+        // archived keeps its document here (NULL while the entry is in the
+        // chain), so its command_id still replays; `archives` records each
+        // archive, the newest naming where the chain now starts.
+        "ALTER TABLE receipts ADD COLUMN receipt TEXT;
+    CREATE TABLE archives(
+        through_seq INTEGER PRIMARY KEY,
+        through_hash TEXT NOT NULL,
+        checkpoint_seq INTEGER NOT NULL,
+        first_seq INTEGER NOT NULL,
+        entries INTEGER NOT NULL,
+        file_sha256 TEXT NOT NULL,
+        file_name TEXT NOT NULL,
+        archived_ms INTEGER NOT NULL
+    );",
     ),
 ];
 
