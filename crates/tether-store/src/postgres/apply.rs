@@ -24,7 +24,8 @@ use std::collections::{HashMap, HashSet};
 const LOCK_HEAD: &str = "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE";
 const LOOKUP_RECEIPTS: &str = "SELECT command_id FROM receipts WHERE command_id = ANY($1)";
 const LOOKUP_OPEN_OPS: &str = "SELECT command_id FROM open_ops WHERE command_id = ANY($1)";
-const LOOKUP_RESERVATIONS: &str = "SELECT reservation_id FROM budget WHERE reservation_id = ANY($1)";
+const LOOKUP_RESERVATIONS: &str =
+    "SELECT reservation_id FROM budget WHERE reservation_id = ANY($1)";
 
 /// How soon a batch's opening must fail for a new link to be tried at once:
 /// a link found dead is refused in well under this, a hung one much later.
@@ -49,10 +50,14 @@ impl Named {
         };
         for job in batch {
             let c = &job.commit;
-            n.ids.extend(c.receipts.iter().map(|r| r.row.command_id.clone()));
-            n.ids.extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
-            n.ops.extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
-            n.draws.extend(c.budget_draws.iter().map(|b| b.reservation_id.clone()));
+            n.ids
+                .extend(c.receipts.iter().map(|r| r.row.command_id.clone()));
+            n.ids
+                .extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
+            n.ops
+                .extend(c.open_ops.iter().map(|(op, _)| op.command_id.clone()));
+            n.draws
+                .extend(c.budget_draws.iter().map(|b| b.reservation_id.clone()));
         }
         n
     }
@@ -591,14 +596,22 @@ fn write_plan<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), StoreError
         p.push(
             "INSERT INTO events(seq, hash, line)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[])",
-            vec![boxed(&plan.ev_seq), boxed(&plan.ev_hash), boxed(&plan.ev_line)],
+            vec![
+                boxed(&plan.ev_seq),
+                boxed(&plan.ev_hash),
+                boxed(&plan.ev_line),
+            ],
         );
     }
     if !plan.rc_seq.is_empty() {
         p.push(
             "INSERT INTO receipts(seq, command_id, input_digest)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[])",
-            vec![boxed(&plan.rc_seq), boxed(&plan.rc_id), boxed(&plan.rc_digest)],
+            vec![
+                boxed(&plan.rc_seq),
+                boxed(&plan.rc_id),
+                boxed(&plan.rc_digest),
+            ],
         );
     }
     write_revisions(p, plan)?;
@@ -638,12 +651,12 @@ fn write_revisions<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), Store
     }
     // Another endpoint may have written a higher one: keep the highest.
     p.push(
-            "INSERT INTO revisions(device_id, resource, revision)
+        "INSERT INTO revisions(device_id, resource, revision)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[])
          ON CONFLICT (device_id, resource)
          DO UPDATE SET revision = GREATEST(revisions.revision, excluded.revision)",
-            vec![boxed(devices), boxed(resources), boxed(revisions)],
-        );
+        vec![boxed(devices), boxed(resources), boxed(revisions)],
+    );
     Ok(())
 }
 
@@ -717,12 +730,12 @@ fn write_approvals<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), Store
     let created: Vec<i64> = rows.iter().map(|(_, v)| v.1).collect();
     let updated: Vec<i64> = rows.iter().map(|(_, v)| v.2).collect();
     p.push(
-            "INSERT INTO approvals(approval_id, record, created_seq, updated_seq)
+        "INSERT INTO approvals(approval_id, record, created_seq, updated_seq)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
          ON CONFLICT (approval_id)
          DO UPDATE SET record = excluded.record, updated_seq = excluded.updated_seq",
-            vec![boxed(ids), boxed(records), boxed(created), boxed(updated)],
-        );
+        vec![boxed(ids), boxed(records), boxed(created), boxed(updated)],
+    );
     Ok(())
 }
 
@@ -735,10 +748,10 @@ fn write_invocations<'a>(p: &mut Pipeline<'a>, plan: &'a Plan) -> Result<(), Sto
     let infos: Vec<Option<&str>> = rows.iter().map(|(_, v)| v.0.as_deref()).collect();
     let seqs: Vec<Option<i64>> = rows.iter().map(|(_, v)| v.1).collect();
     p.push(
-            "INSERT INTO invocations(invocation_id, info, seq)
+        "INSERT INTO invocations(invocation_id, info, seq)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[])
          ON CONFLICT (invocation_id) DO UPDATE SET info = excluded.info, seq = excluded.seq",
-            vec![boxed(ids), boxed(infos), boxed(seqs)],
-        );
+        vec![boxed(ids), boxed(infos), boxed(seqs)],
+    );
     Ok(())
 }

@@ -416,7 +416,11 @@ impl PgConn {
         let params: Vec<Vec<&(dyn ToSql + Sync)>> = p
             .steps
             .iter()
-            .map(|(_, ps)| ps.iter().map(|b| b.as_ref() as &(dyn ToSql + Sync)).collect())
+            .map(|(_, ps)| {
+                ps.iter()
+                    .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+                    .collect()
+            })
             .collect();
         let calls = statements
             .iter()
@@ -425,7 +429,9 @@ impl PgConn {
         let answers = wait(&self.rt, futures_util::future::join_all(calls));
         match answers {
             Ok(all) => {
-                if all.iter().any(|r| r.as_ref().is_err_and(|e| e.as_db_error().is_none()))
+                if all
+                    .iter()
+                    .any(|r| r.as_ref().is_err_and(|e| e.as_db_error().is_none()))
                     || self.client.as_ref().is_none_or(Client::is_closed)
                 {
                     self.drop_link();
