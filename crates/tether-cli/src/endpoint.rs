@@ -114,24 +114,8 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         .clone()
         .unwrap_or_else(|| "tether-local".into());
     let device_count = cell.devices.len();
-    let mut kernel_config = KernelConfig::standard(&endpoint_id);
-    kernel_config.policy = loaded.policy.clone();
-    loaded.config.limits.apply(&mut kernel_config);
     let mcp_sessions = crate::bounds::mcp_sessions(&loaded.config.http);
-    apply_fleet(&loaded.config.fleet, &choice, &mut kernel_config)?;
-    if let Some(armed) = loaded.config.hardware_armed_at_start {
-        kernel_config.hardware_armed_at_start = armed;
-    }
-    if let Some(ttl) = loaded.config.approval_ttl_s {
-        // config::read refused any other value; kept as a guard.
-        if !(1..=config::APPROVAL_TTL_S_MAX).contains(&ttl) {
-            bail!(
-                "the config's approval_ttl_s must be between 1 and {} (seconds)",
-                config::APPROVAL_TTL_S_MAX
-            );
-        }
-        kernel_config.approval_ttl_ms = ttl * 1000;
-    }
+    let kernel_config = kernel_config(&loaded, &choice, &endpoint_id)?;
     // Opened by the kernel's opener thread: a store that cannot be opened
     // or written now is tried again while the endpoint serves tripped.
     let open_dir = dir.clone();
@@ -198,6 +182,33 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         checkpointer,
         runtime,
     })
+}
+
+/// The kernel's settings from the config: limits, policy, the fleet's,
+/// arming at start and the approvals' lifetime.
+fn kernel_config(
+    loaded: &config::Loaded,
+    choice: &crate::store::StoreChoice,
+    endpoint_id: &str,
+) -> anyhow::Result<KernelConfig> {
+    let mut kernel_config = KernelConfig::standard(endpoint_id);
+    kernel_config.policy = loaded.policy.clone();
+    loaded.config.limits.apply(&mut kernel_config);
+    apply_fleet(&loaded.config.fleet, choice, &mut kernel_config)?;
+    if let Some(armed) = loaded.config.hardware_armed_at_start {
+        kernel_config.hardware_armed_at_start = armed;
+    }
+    if let Some(ttl) = loaded.config.approval_ttl_s {
+        // config::read refused any other value; kept as a guard.
+        if !(1..=config::APPROVAL_TTL_S_MAX).contains(&ttl) {
+            bail!(
+                "the config's approval_ttl_s must be between 1 and {} (seconds)",
+                config::APPROVAL_TTL_S_MAX
+            );
+        }
+        kernel_config.approval_ttl_ms = ttl * 1000;
+    }
+    Ok(kernel_config)
 }
 
 /// The `[fleet]` settings and `--wait-for-devices` into the kernel's
