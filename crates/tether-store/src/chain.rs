@@ -126,11 +126,162 @@ pub(crate) fn check_entry_text(line: &[u8]) -> Result<EntryLink, EntryError> {
     }
 }
 
-/// Bodies with this many `{`/`[` bytes or more are left to the reference
-/// check: parsed alone, a body gets one more level of serde_json's recursion
-/// limit (128) than inside its entry, so a body near the limit could parse
-/// here and not there.
-const FAST_MAX_OPENERS: usize = 120;
+/// Bodies nested deeper than this are left to the reference check, well
+/// inside serde_json's recursion limit (128) that the reference parse meets.
+const FAST_MAX_DEPTH: usize = 100;
+
+/// A validator of RFC 8785 text as [`canonical::write_canonical`] writes it:
+/// it accepts a value's bytes only when they are exactly the canonical form of
+/// the value they parse to, without building that value. Whatever it is not
+/// sure of (escaped member names, numbers other than short integers that do
+/// not re-write identically) it declines (`None`), never guesses.
+struct CanonicalScan<'a, 's> {
+    b: &'a [u8],
+    i: usize,
+    scratch: &'s mut String,
+}
+
+impl<'a> CanonicalScan<'a, '_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn eat(&mut self, lit: &[u8]) -> Option<()> {
+        let end = self.i.checked_add(lit.len())?;
+        (self.b.get(self.i..end)? == lit).then(|| self.i = end)
+    }
+
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'{' => self.object(depth.checked_sub(1)?),
+            b'[' => self.array(depth.checked_sub(1)?),
+            b'"' => self.string().map(|_| ()),
+            b't' => self.eat(b"true"),
+            b'f' => self.eat(b"false"),
+            b'n' => self.eat(b"null"),
+            _ => self.number(),
+        }
+    }
+
+    /// Members strictly in UTF-16 order of their names: sorted, and no
+    /// name twice (a repeated name would collapse when parsed).
+    fn object(&mut self, depth: usize) -> Option<()> {
+        self.eat(b"{")?;
+        if self.eat(b"}").is_some() {
+            return Some(());
+        }
+        let mut prev: Option<&str> = None;
+        loop {
+            let key = self.string()?;
+            // An escaped name would need decoding to be ordered: leave it.
+            if key.contains(&b'\\') {
+                return None;
+            }
+            let key = std::str::from_utf8(key).ok()?;
+            if let Some(p) = prev {
+                if canonical::cmp_utf16(p, key) != std::cmp::Ordering::Less {
+                    return None;
+                }
+            }
+            prev = Some(key);
+            self.eat(b":")?;
+            self.value(depth)?;
+            if self.eat(b"}").is_some() {
+                return Some(());
+            }
+            self.eat(b",")?;
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<()> {
+        self.eat(b"[")?;
+        if self.eat(b"]").is_some() {
+            return Some(());
+        }
+        loop {
+            self.value(depth)?;
+            if self.eat(b"]").is_some() {
+                return Some(());
+            }
+            self.eat(b",")?;
+        }
+    }
+
+    /// A string literal with exactly the escapes `write_string` writes; its
+    /// raw content (between the quotes).
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.eat(b"\"")?;
+        let start = self.i;
+        loop {
+            match self.peek()? {
+                b'"' => break,
+                b'\\' => {
+                    self.i += 1;
+                    match self.peek()? {
+                        b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 1,
+                        b'u' => self.control_escape()?,
+                        _ => return None,
+                    }
+                }
+                0x00..=0x1f => return None,
+                _ => self.i += 1,
+            }
+        }
+        let b = self.b;
+        let raw = b.get(start..self.i)?;
+        self.i += 1;
+        Some(raw)
+    }
+
+    /// `u00xx` (after the backslash): lower-case hex, a control character
+    /// without a short escape of its own.
+    fn control_escape(&mut self) -> Option<()> {
+        let hex = self.b.get(self.i + 1..self.i + 5)?;
+        let (high, d) = match hex {
+            [b'0', b'0', b'0', d] => (0, *d),
+            [b'0', b'0', b'1', d] => (16, *d),
+            _ => return None,
+        };
+        let low = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            _ => return None,
+        };
+        // These have a short form, which is the canonical one.
+        if matches!(high + low, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d) {
+            return None;
+        }
+        self.i += 5;
+        Some(())
+    }
+
+    /// A number written as the canonical writer writes the value it parses
+    /// to: short integers directly, anything else by re-writing it.
+    fn number(&mut self) -> Option<()> {
+        let start = self.i;
+        while matches!(
+            self.peek(),
+            Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+        ) {
+            self.i += 1;
+        }
+        let tok = self.b.get(start..self.i)?;
+        let digits = tok.strip_prefix(b"-").unwrap_or(tok);
+        // Below 10^15 (< 2^53) an integer is written as its digits, without
+        // leading zeros; "-0" is written "0".
+        let short_int = !digits.is_empty()
+            && digits.len() <= 15
+            && digits.iter().all(u8::is_ascii_digit)
+            && (digits.first() != Some(&b'0') || tok == b"0");
+        if short_int {
+            return Some(());
+        }
+        let n: serde_json::Number = serde_json::from_slice(tok).ok()?;
+        self.scratch.clear();
+        canonical::write_canonical(&Value::Number(n), self.scratch);
+        (self.scratch.as_bytes() == tok).then_some(())
+    }
+}
 
 /// The common case, without building the whole entry as a value: a line in
 /// canonical form is exactly
@@ -147,19 +298,15 @@ fn check_entry_fast(line: &[u8]) -> Option<EntryLink> {
     if rest.first() != Some(&b'{') {
         return None;
     }
-    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Value>();
-    let body = values.next()?.ok()?;
-    let body_len = values.byte_offset();
+    let mut scratch = String::new();
+    let mut scan = CanonicalScan {
+        b: rest,
+        i: 0,
+        scratch: &mut scratch,
+    };
+    scan.value(FAST_MAX_DEPTH)?;
+    let body_len = scan.i;
     let body_raw = rest.get(..body_len)?;
-    let openers = body_raw.iter().filter(|&&b| b == b'{' || b == b'[').count();
-    if !body.is_object() || openers >= FAST_MAX_OPENERS {
-        return None;
-    }
-    let mut scratch = String::with_capacity(body_len);
-    canonical::write_canonical(&body, &mut scratch);
-    if scratch.as_bytes() != body_raw {
-        return None;
-    }
     let hash_at = 8 + body_len;
     let t = rest.get(body_len..)?.strip_prefix(b",\"hash\":\"")?;
     let (hash, t) = take_hex(t)?;
@@ -183,7 +330,12 @@ fn check_entry_fast(line: &[u8]) -> Option<EntryLink> {
     if hex_buf != hash {
         return None;
     }
-    let checkpoint = (kind == crate::checkpoint::CHECKPOINT_KIND).then_some(body);
+    // Only a checkpoint's body is wanted as a value (one entry in ~1,000).
+    let checkpoint = if kind == crate::checkpoint::CHECKPOINT_KIND {
+        Some(serde_json::from_slice(body_raw).ok()?)
+    } else {
+        None
+    };
     Some(EntryLink {
         seq,
         hash: std::str::from_utf8(hash).ok()?.to_string(),
@@ -534,6 +686,18 @@ mod tests {
         }
         for k in ["\"\\u0041\"", "\"a\\/\"", "1", "\"a", "\"\\\""] {
             assert!(agree(sealed(1, 2, k, "{}").as_bytes()).is_none(), "{k}");
+        }
+        // UTF-16 order, not UTF-8 order: U+1F600 sorts before U+E000.
+        let utf16 = sealed(1, 2, "\"k\"", "{\"\u{1f600}\":1,\"\u{e000}\":2}");
+        assert!(agree(utf16.as_bytes()).is_some());
+        let utf8 = sealed(1, 2, "\"k\"", "{\"\u{e000}\":2,\"\u{1f600}\":1}");
+        assert!(agree(utf8.as_bytes()).is_none());
+        for b in [
+            "{\"\\u0001\":1}",
+            "{\"a\":\"\\u007f\"}",
+            "{\"a\":\"\\u001f\\u0000\\b\"}",
+        ] {
+            agree(sealed(1, 2, "\"k\"", b).as_bytes());
         }
         let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
         agree(sealed(1, 2, "\"k\"", &format!("{{\"a\":{deep}}}")).as_bytes());

@@ -433,7 +433,7 @@ fn seal_entries(line: &[u8]) -> Option<u64> {
     // Only the last line is a seal: a byte look spares every other line a
     // second parse (the chain check already parsed it).
     let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
-    if !line.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+    if memchr::memmem::find(line, marker.as_bytes()).is_none() {
         return None;
     }
     let v: serde_json::Value = serde_json::from_slice(line).ok()?;
