@@ -10,6 +10,7 @@
 use crate::StoreError;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use tether_core::canonical::{self, sha256_hex, write_string, write_u64_number};
 
 /// `prev_hash` of the first entry.
@@ -355,7 +356,7 @@ fn take_hex(t: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// A JSON string literal in canonical form at the start of `t`: its value
 /// and what follows it.
-fn take_string<'a>(t: &'a [u8], scratch: &mut String) -> Option<(String, &'a [u8])> {
+fn take_string<'a>(t: &'a [u8], scratch: &mut String) -> Option<(Cow<'a, str>, &'a [u8])> {
     if t.first() != Some(&b'"') {
         return None;
     }
@@ -369,10 +370,17 @@ fn take_string<'a>(t: &'a [u8], scratch: &mut String) -> Option<(String, &'a [u8
         }
     };
     let raw = t.get(..end)?;
+    let after = t.get(end..).unwrap_or_default();
+    let inner = raw.get(1..end - 1)?;
+    // Without escapes or control characters the literal is its own value
+    // and canonical (the line is UTF-8, checked first).
+    if inner.iter().all(|&b| b >= 0x20 && b != b'\\') {
+        return Some((Cow::Borrowed(std::str::from_utf8(inner).ok()?), after));
+    }
     let value: String = serde_json::from_slice(raw).ok()?;
     scratch.clear();
     write_string(&value, scratch);
-    (scratch.as_bytes() == raw).then(|| (value, t.get(end..).unwrap_or_default()))
+    (scratch.as_bytes() == raw).then_some((Cow::Owned(value), after))
 }
 
 /// A non-negative integer in canonical form, ended by `stop`.
