@@ -326,9 +326,7 @@ fn check_entry_fast(line: &[u8]) -> Option<EntryLink> {
     let mut hasher = Sha256::new();
     hasher.update(line.get(..hash_at)?);
     hasher.update(line.get(hash_at + 74..)?);
-    let mut hex_buf = [0u8; 64];
-    hex::encode_to_slice(hasher.finalize(), &mut hex_buf).ok()?;
-    if hex_buf != hash {
+    if !hex_equals(&hasher.finalize(), hash) {
         return None;
     }
     // Only a checkpoint's body is wanted as a value (one entry in ~1,000).
@@ -343,6 +341,16 @@ fn check_entry_fast(line: &[u8]) -> Option<EntryLink> {
         prev_hash: std::str::from_utf8(prev_hash).ok()?.to_string(),
         checkpoint,
     })
+}
+
+/// Whether `hex` is the lower-case hex spelling of `digest`.
+fn hex_equals(digest: &[u8], hex: &[u8]) -> bool {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    hex.len() == 2 * digest.len()
+        && digest
+            .iter()
+            .zip(hex.chunks_exact(2))
+            .all(|(d, h)| h == [DIGITS[usize::from(d >> 4)], DIGITS[usize::from(d & 0x0f)]])
 }
 
 /// 64 lower-case hex digits and the closing quote, then what follows.
@@ -391,6 +399,11 @@ fn take_u64<'a>(t: &'a [u8], stop: u8, scratch: &mut String) -> Option<(u64, &'a
         return None;
     }
     let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    // Below 10^15 (< 2^53) the canonical spelling is the digits without
+    // leading zeros; larger values are re-written to compare.
+    if digits.len() <= 15 && (digits.first() != Some(&b'0') || digits == b"0") {
+        return Some((n, t.get(len..).unwrap_or_default()));
+    }
     scratch.clear();
     write_u64_number(n, scratch);
     (scratch.as_bytes() == digits).then(|| (n, t.get(len..).unwrap_or_default()))
