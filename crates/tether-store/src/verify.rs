@@ -435,9 +435,7 @@ fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport)
 fn seal_entries(line: &[u8], marker: &memchr::memmem::Finder<'_>) -> Option<u64> {
     // Only the last line is a seal: a byte look spares every other line a
     // second parse (the chain check already parsed it).
-    if marker.find(line).is_none() {
-        return None;
-    }
+    marker.find(line)?;
     let v: serde_json::Value = serde_json::from_slice(line).ok()?;
     if v.get("kind").and_then(serde_json::Value::as_str) != Some(EXPORT_SEAL_KIND) {
         return None;
