@@ -213,21 +213,8 @@ impl ChainVerifier {
         if self.broken.is_some() {
             return false;
         }
-        self.push_checked(check_entry_text(line), stored)
-    }
-
-    /// The ordered part of `push`, given the entry's own check (which does
-    /// not depend on other entries, so it may have run on another thread).
-    fn push_checked(
-        &mut self,
-        checked: Result<crate::chain::EntryLink, crate::chain::EntryError>,
-        stored: Option<(i64, &str)>,
-    ) -> bool {
-        if self.broken.is_some() {
-            return false;
-        }
         self.line += 1;
-        let link = match checked {
+        let link = match check_entry_text(line) {
             Ok(link) => link,
             Err(e) => return self.fail(e.seq, e.reason),
         };
@@ -375,110 +362,45 @@ pub fn verify_jsonl_with(
     Ok(run_jsonl(r, ChainVerifier::with_options(opts)?))
 }
 
-/// Lines read and checked together: each line's own check runs on two
-/// threads, the links between them in order after. Bounded in lines and in
-/// bytes (a line is at most `MAX_ENTRY_BYTES`).
-const BATCH_LINES: usize = 1024;
-const BATCH_BYTES: usize = 8 << 20;
-
-/// Why reading stopped before the end of a batch.
-enum Stop {
-    End,
-    Failed(String),
-}
-
-/// Read up to a batch of lines (terminators removed) into `batch`, reusing
-/// its buffers; `used` is how many it holds. `Some` when reading stopped.
-fn read_batch(r: &mut impl BufRead, batch: &mut Vec<Vec<u8>>, used: &mut usize) -> Option<Stop> {
-    *used = 0;
-    let mut bytes = 0;
-    let limit = MAX_ENTRY_BYTES as u64 + 2;
-    while *used < BATCH_LINES && bytes < BATCH_BYTES {
-        if batch.len() == *used {
-            batch.push(Vec::with_capacity(512));
-        }
-        let buf = batch.get_mut(*used)?;
+fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport) {
+    let mut r = r;
+    let mut v = v;
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut pending_seal: Option<u64> = None;
+    let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
+    let seal_marker = memchr::memmem::Finder::new(marker.as_bytes());
+    // Each pass consumes at least one byte or ends the loop, and a line is
+    // read through a `take` so no line can grow the buffer without bound.
+    loop {
         buf.clear();
-        match r.take(limit).read_until(b'\n', buf) {
-            Ok(0) => return Some(Stop::End),
+        let limit = MAX_ENTRY_BYTES as u64 + 2;
+        match (&mut r).take(limit).read_until(b'\n', &mut buf) {
+            Ok(0) => break,
             Ok(_) => {}
-            Err(e) => return Some(Stop::Failed(format!("read error: {e}"))),
+            Err(e) => {
+                v.fail_next(format!("read error: {e}"));
+                break;
+            }
         }
-        if buf.last() == Some(&b'\n') {
+        let terminated = buf.last() == Some(&b'\n');
+        if terminated {
             buf.pop();
             if buf.last() == Some(&b'\r') {
                 buf.pop();
             }
         } else if buf.len() as u64 >= limit {
-            return Some(Stop::Failed(format!(
-                "line longer than {MAX_ENTRY_BYTES} bytes"
-            )));
+            v.fail_next(format!("line longer than {MAX_ENTRY_BYTES} bytes"));
+            break;
         }
-        bytes += buf.len();
-        *used += 1;
-    }
-    None
-}
-
-type Checked = Result<crate::chain::EntryLink, crate::chain::EntryError>;
-
-/// Each line's own check, in order, the second half on a scoped thread
-/// when `threads` allows and the batch is worth it.
-fn check_batch(lines: &[Vec<u8>], threads: bool, out: &mut Vec<Checked>) {
-    out.clear();
-    let check = |l: &Vec<u8>| check_entry_text(l);
-    if !threads || lines.len() < 64 {
-        out.extend(lines.iter().map(check));
-        return;
-    }
-    let (first, second) = lines.split_at(lines.len() / 2);
-    std::thread::scope(|s| {
-        let helper = std::thread::Builder::new()
-            .spawn_scoped(s, || second.iter().map(check).collect::<Vec<_>>());
-        out.extend(first.iter().map(check));
-        // No thread to be had (or it failed): this thread does its half.
-        match helper.map(|h| h.join()) {
-            Ok(Ok(rest)) => out.extend(rest),
-            _ => out.extend(second.iter().map(check)),
+        if pending_seal.is_some() {
+            // The seal closes the export: a line after it is not part of it.
+            v.fail_next("a line follows the export's closing seal");
+            break;
         }
-    });
-}
-
-fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport) {
-    let mut r = r;
-    let mut v = v;
-    let mut batch: Vec<Vec<u8>> = Vec::new();
-    let mut checked: Vec<Checked> = Vec::with_capacity(BATCH_LINES);
-    let threads = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-    let mut pending_seal: Option<u64> = None;
-    let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
-    let seal_marker = memchr::memmem::Finder::new(marker.as_bytes());
-    // Each batch consumes at least one line or ends the loop (`read_batch`
-    // bounds each line through a `take`).
-    'batches: loop {
-        let mut used = 0;
-        let stop = read_batch(&mut r, &mut batch, &mut used);
-        let lines = batch.get(..used).unwrap_or_default();
-        check_batch(lines, threads, &mut checked);
-        for (line, result) in lines.iter().zip(checked.drain(..)) {
-            if pending_seal.is_some() {
-                // The seal closes the export: a line after it is not part of it.
-                v.fail_next("a line follows the export's closing seal");
-                break 'batches;
-            }
-            if !v.push_checked(result, None) {
-                break 'batches;
-            }
-            pending_seal = seal_entries(line, &seal_marker);
+        if !v.push_line(&buf) {
+            break;
         }
-        match stop {
-            Some(Stop::End) => break,
-            Some(Stop::Failed(reason)) => {
-                v.fail_next(reason);
-                break;
-            }
-            None => {}
-        }
+        pending_seal = seal_entries(&buf, &seal_marker);
     }
     let report = v.report();
     if !report.ok {
@@ -677,136 +599,6 @@ fn highest_indexed_seq(conn: &Connection) -> Result<Option<(u64, &'static str)>,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The one-line-at-a-time loop `run_jsonl` had before it checked lines
-    /// in batches on two threads: the reference for what it must report.
-    fn run_jsonl_serial(r: impl BufRead) -> VerifyReport {
-        let mut r = r;
-        let mut v = ChainVerifier::new();
-        let mut buf: Vec<u8> = Vec::new();
-        let mut pending_seal: Option<u64> = None;
-        let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
-        let seal_marker = memchr::memmem::Finder::new(marker.as_bytes());
-        loop {
-            buf.clear();
-            let limit = MAX_ENTRY_BYTES as u64 + 2;
-            match (&mut r).take(limit).read_until(b'\n', &mut buf) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    v.fail_next(format!("read error: {e}"));
-                    break;
-                }
-            }
-            if buf.last() == Some(&b'\n') {
-                buf.pop();
-                if buf.last() == Some(&b'\r') {
-                    buf.pop();
-                }
-            } else if buf.len() as u64 >= limit {
-                v.fail_next(format!("line longer than {MAX_ENTRY_BYTES} bytes"));
-                break;
-            }
-            if pending_seal.is_some() {
-                v.fail_next("a line follows the export's closing seal");
-                break;
-            }
-            if !v.push_line(&buf) {
-                break;
-            }
-            pending_seal = seal_entries(&buf, &seal_marker);
-        }
-        let report = v.report();
-        if !report.ok {
-            return report;
-        }
-        match pending_seal {
-            Some(n) if n + 1 == report.entries => {
-                let mut report = v.report();
-                report.entries = report.entries.min(n);
-                report
-            }
-            Some(_) | None => {
-                v.fail_next("seal");
-                v.report()
-            }
-        }
-    }
-
-    #[test]
-    fn batched_checks_report_what_the_serial_loop_reports() {
-        use crate::{Commit, EventDraft, MemoryStore, Store};
-        let store = MemoryStore::new();
-        for i in 0..30u64 {
-            let events = (0..100)
-                .map(|j| EventDraft {
-                    kind: "command.started".into(),
-                    body: serde_json::json!({"command_id": format!("c{i}-{j}"), "x": 1.5}).into(),
-                })
-                .collect();
-            store
-                .commit_blocking(Commit {
-                    events,
-                    ..Commit::default()
-                })
-                .expect("commit");
-        }
-        let mut out = Vec::new();
-        store.export_chain(&mut out).expect("export");
-        let lines: Vec<&[u8]> = out
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .collect();
-        assert_eq!(lines.len(), 3001);
-        let join = |ls: &[Vec<u8>]| {
-            let mut f = ls.join(&b'\n');
-            f.push(b'\n');
-            f
-        };
-        let intact: Vec<Vec<u8>> = lines.iter().map(|l| l.to_vec()).collect();
-        let mut files = vec![join(&intact)];
-        for at in [0, 31, 63, 700, 1023, 1024, 1025, 1500, 2047, 2999, 3000] {
-            let mut ls = intact.clone();
-            let l = &mut ls[at];
-            let pos = l.len() / 2;
-            l[pos] ^= 1;
-            files.push(join(&ls));
-            let mut ls = intact.clone();
-            ls.remove(at);
-            files.push(join(&ls));
-            let mut ls = intact.clone();
-            ls.swap(at, (at + 1) % 3001);
-            files.push(join(&ls));
-            let mut ls = intact.clone();
-            ls[at] = vec![b'x'; MAX_ENTRY_BYTES + 3];
-            files.push(join(&ls));
-        }
-        let mut ls = intact.clone();
-        ls.push(intact[5].clone());
-        files.push(join(&ls));
-        let mut cut = join(&intact);
-        cut.truncate(cut.len() - 40);
-        files.push(cut);
-        for f in &files {
-            let batched = verify_jsonl(&f[..]);
-            let serial = run_jsonl_serial(&f[..]);
-            assert_eq!(batched.ok, serial.ok);
-            assert_eq!(batched.entries, serial.entries);
-            if serial
-                .first_broken
-                .as_ref()
-                .is_some_and(|b| b.reason != "seal")
-            {
-                assert_eq!(batched.first_broken, serial.first_broken);
-            } else {
-                assert_eq!(
-                    batched.first_broken.map(|b| b.line),
-                    serial.first_broken.map(|b| b.line)
-                );
-            }
-        }
-        assert!(verify_jsonl(&files[0][..]).ok);
-    }
 
     #[test]
     fn an_empty_file_is_not_an_export() {
