@@ -367,6 +367,8 @@ fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport)
     let mut v = v;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut pending_seal: Option<u64> = None;
+    let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
+    let seal_marker = memchr::memmem::Finder::new(marker.as_bytes());
     // Each pass consumes at least one byte or ends the loop, and a line is
     // read through a `take` so no line can grow the buffer without bound.
     loop {
@@ -398,7 +400,7 @@ fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport)
         if !v.push_line(&buf) {
             break;
         }
-        pending_seal = seal_entries(&buf);
+        pending_seal = seal_entries(&buf, &seal_marker);
     }
     let report = v.report();
     if !report.ok {
@@ -429,13 +431,11 @@ fn run_jsonl(r: impl BufRead, v: ChainVerifier) -> (VerifyReport, SigningReport)
 }
 
 /// The entry count a seal line states, or `None` for any other entry.
-fn seal_entries(line: &[u8]) -> Option<u64> {
+/// `marker` finds `"kind":"audit.export.seal"` (built once per run).
+fn seal_entries(line: &[u8], marker: &memchr::memmem::Finder<'_>) -> Option<u64> {
     // Only the last line is a seal: a byte look spares every other line a
     // second parse (the chain check already parsed it).
-    let marker = format!("\"kind\":\"{EXPORT_SEAL_KIND}\"");
-    if !line.windows(marker.len()).any(|w| w == marker.as_bytes()) {
-        return None;
-    }
+    marker.find(line)?;
     let v: serde_json::Value = serde_json::from_slice(line).ok()?;
     if v.get("kind").and_then(serde_json::Value::as_str) != Some(EXPORT_SEAL_KIND) {
         return None;
