@@ -8,7 +8,9 @@
 //! every request and answers 200).
 //!
 //! Run: `cargo bench -p tether-server --bench telemetry_load` (optionally
-//! `-- CALLERS COMMANDS_PER_CALLER`). Prints `FIGURE` lines.
+//! `-- CALLERS COMMANDS_PER_CALLER`; `TELEMETRY_SAMPLE_RATIO`, and
+//! `TELEMETRY_LAYER=default` for the layer with `tracing-opentelemetry`'s
+//! defaults). Prints `FIGURE` lines.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -68,8 +70,21 @@ fn main() {
         let spans = tracing_subscriber::filter::Targets::new()
             .with_target("tether_kernel", tracing::Level::INFO)
             .with_target("tether_server", tracing::Level::INFO);
-        let otel = tether_server::telemetry::otlp::layer(&provider).with_filter(spans);
-        tracing_subscriber::registry().with(otel).init();
+        // TELEMETRY_LAYER=default: `tracing-opentelemetry`'s own defaults
+        // (locations, threads, target, busy/idle times, context activation),
+        // to measure what leaving them out buys.
+        if std::env::var("TELEMETRY_LAYER").is_ok_and(|v| v == "default") {
+            use opentelemetry::trace::TracerProvider as _;
+            let otel = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("tether"))
+                .with_filter(spans);
+            tracing_subscriber::registry().with(otel).init();
+            println!("FIGURE telemetry_layer kind=default");
+        } else {
+            let otel = tether_server::telemetry::otlp::layer(&provider).with_filter(spans);
+            tracing_subscriber::registry().with(otel).init();
+            println!("FIGURE telemetry_layer kind=tether");
+        }
     }
     let on = run_load(callers, per_caller);
     print("telemetry_on", &on, callers);
