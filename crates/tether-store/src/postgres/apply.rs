@@ -279,7 +279,8 @@ impl PgBackend {
             }
         }
         let mut answers = Vec::with_capacity(p.len());
-        for a in self.pg.pipeline(&p)? {
+        let statements = self.pg.prepare(&p)?;
+        for a in self.pg.pipeline(&p, &statements)? {
             answers.push(a.map_err(|e| PgConn::step_error("opening a batch", &e))?);
         }
         let mut rows = answers.into_iter().skip(1);
@@ -318,8 +319,8 @@ impl PgBackend {
         p.push("COMMIT", Vec::new());
         // Statements are prepared (once per link) before anything is sent,
         // so a failure to prepare stores nothing.
-        self.pg.prepare(&p)?;
-        let answers = match self.pg.pipeline(&p) {
+        let statements = self.pg.prepare(&p)?;
+        let answers = match self.pg.pipeline(&p, &statements) {
             Ok(a) => a,
             Err(_) => return Err(self.lost_commit()),
         };

@@ -410,8 +410,19 @@ impl PgConn {
     /// The answers are in the order of the statements; the outer error is a
     /// link lost or silent past [`STATEMENT_TIMEOUT`] (the link is then
     /// dropped: what the server did of the pipeline is unknown).
-    pub(crate) fn pipeline(&mut self, p: &Pipeline<'_>) -> Result<Vec<StepResult>, StoreError> {
-        let statements = self.prepare(p)?;
+    /// `statements` are `p`'s, from [`Self::prepare`] (called apart so that a
+    /// caller can tell a failure to prepare, when nothing was sent, from a
+    /// lost answer).
+    pub(crate) fn pipeline(
+        &mut self,
+        p: &Pipeline<'_>,
+        statements: &[Statement],
+    ) -> Result<Vec<StepResult>, StoreError> {
+        if statements.len() != p.steps.len() {
+            return Err(StoreError::Invalid(
+                "a pipeline's statements were not prepared for it".into(),
+            ));
+        }
         let client = self.client.as_ref().ok_or_else(|| self.no_client())?;
         let params: Vec<Vec<&(dyn ToSql + Sync)>> = p
             .steps
