@@ -140,6 +140,7 @@ pub fn serve(
                 tokio::io::stdout(),
             )
             .await?;
+            settle(kernel).await;
             crate::evidence::finish(checkpointer.as_ref()).await;
             return Ok(ExitCode::SUCCESS);
         }
@@ -153,6 +154,7 @@ pub fn serve(
         )
         .await?;
         // Last, once every operation recorded how it ended: the chain ends signed.
+        settle(kernel).await;
         crate::evidence::finish(checkpointer.as_ref()).await;
         Ok(code)
     })
@@ -305,6 +307,23 @@ async fn wind_down(kernel: &Kernel) {
     }
 }
 
+/// Longest wait, at the end, for the store to take the `unknown` outcomes
+/// it did not take while it failed.
+const OWED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Before the process ends: the `unknown` outcomes the store did not take
+/// are offered once more (bounded), so that a restart replays their ids
+/// instead of running them; those still not on record are named on stderr.
+async fn settle(kernel: &Kernel) {
+    if kernel.owed_outcomes() == 0 {
+        return;
+    }
+    let left = kernel.record_owed_outcomes(OWED_WAIT).await;
+    if left > 0 {
+        eprintln!("tether: shutting down: {left} unknown outcome(s) could not be recorded; a restart does not know their command ids");
+    }
+}
+
 /// `tether mcp`: MCP on stdio for a client that launches the endpoint.
 pub fn mcp(
     config_path: Option<PathBuf>,
@@ -329,6 +348,7 @@ pub fn mcp(
     );
     eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
     let kernel = endpoint.kernel.clone();
+    let kernel_at_end = endpoint.kernel.clone();
     let checkpointer = endpoint.checkpointer.as_ref();
     endpoint.runtime.block_on(async move {
         tether_server::mcp::stdio::serve(
@@ -338,6 +358,7 @@ pub fn mcp(
             tokio::io::stdout(),
         )
         .await?;
+        settle(&kernel_at_end).await;
         crate::evidence::finish(checkpointer).await;
         anyhow::Ok(())
     })?;

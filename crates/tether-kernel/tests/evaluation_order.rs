@@ -989,3 +989,42 @@ async fn a_receipt_that_cannot_be_made_durable_is_unknown_replayed_and_recorded_
     assert_eq!(replay["status"], "unknown", "{replay}");
     assert_eq!(rig.calls(), calls, "still never run again");
 }
+
+/// The unknown outcomes the store did not take are counted (`store.
+/// unrecorded_outcomes` in the safety status) and an orderly shutdown's
+/// last offer records them at once, without waiting for the background
+/// recorder's next round, so a restart replays their ids.
+#[tokio::test]
+async fn the_last_offer_at_shutdown_records_every_owed_unknown_outcome() {
+    let store = Arc::new(tether_store::faulty::FaultyStore::new(Arc::new(
+        MemoryStore::new(),
+    )));
+    let rig = rig_configured(None, store.clone(), KernelConfig::standard("test")).await;
+    store.fail_writes.store(true, Ordering::SeqCst);
+    let ids = ["01OWEDOUTCOME0000000000001", "01OWEDOUTCOME0000000000002"];
+    for id in ids {
+        let mut req = rig.req("x-cap.test.dose.v1", json!({"amount": 1}));
+        req.command_id = Some(id.into());
+        assert_eq!(rig.run(req).await["status"], "unknown");
+    }
+    assert_eq!(rig.kernel.owed_outcomes(), 2);
+    let status = rig.kernel.safety_status(None).expect("status");
+    assert_eq!(status["store"]["unrecorded_outcomes"], 2, "{status}");
+    // Still failing: the last offer gives up within its bound and says so.
+    let left = rig
+        .kernel
+        .record_owed_outcomes(Duration::from_millis(500))
+        .await;
+    assert_eq!(left, 2);
+    store.fail_writes.store(false, Ordering::SeqCst);
+    let left = rig
+        .kernel
+        .record_owed_outcomes(Duration::from_secs(5))
+        .await;
+    assert_eq!(left, 0);
+    for id in ids {
+        let row = store.receipt(id).expect("read").expect("recorded");
+        assert_eq!(row.receipt["status"], "unknown", "{:?}", row.receipt);
+    }
+    assert_eq!(rig.kernel.owed_outcomes(), 0);
+}

@@ -20,11 +20,6 @@ use tether_core::catalogue::{self};
 use tether_core::{Code, Receipt, Refusal, Status};
 use tether_store::{Commit, EventDraft, ReceiptRef, RevisionRow, StoreError};
 
-/// How often a not-durable command's `unknown` receipt is offered to the
-/// store again, and how many times (about ten minutes in all).
-const RECORD_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-const RECORD_RETRIES_MAX: u32 = 2400;
-
 impl Kernel {
     /// Records a dispatched command's receipt and answers it: a call the
     /// device refused before actuating is a rejection like any other; every
@@ -87,49 +82,11 @@ impl Kernel {
                 // finish record (`not_durable`); the rest are offered again.
                 let dev = &self.inner.devices[ctx.device];
                 if !(dev.spec.manifest.mode.is_physical() && Kernel::is_effectful(b)) {
-                    self.record_when_possible(&ctx, &unknown);
+                    self.owe_record(&ctx.command_id, &ctx.key, unknown.clone().into_value());
                 }
                 Ok(unknown)
             }
         }
-    }
-
-    /// Keeps trying, in the background and bounded, to make a not-durable
-    /// command's `unknown` receipt durable: once the store takes writes again
-    /// its id is on record (and a restart replays it instead of running it).
-    fn record_when_possible(&self, ctx: &Ctx, unknown: &Answer) {
-        let kernel = self.clone();
-        let (command_id, key) = (ctx.command_id.clone(), ctx.key.clone());
-        let receipt = unknown.clone().into_value();
-        tokio::spawn(async move {
-            for _ in 0..RECORD_RETRIES_MAX {
-                tokio::time::sleep(RECORD_RETRY_EVERY).await;
-                let commit = Commit {
-                    events: vec![EventDraft {
-                        kind: "receipt".into(),
-                        body: json!({"command_id": command_id, "receipt": receipt, "recorded_late": true}).into(),
-                    }],
-                    receipts: vec![ReceiptRef {
-                        command_id: command_id.clone(),
-                        input_digest: key.clone(),
-                        event: 0,
-                    }],
-                    ..Commit::default()
-                };
-                match kernel.commit(commit).await {
-                    Ok(_) => {
-                        if let Ok(mut ix) = kernel.inner.idem.lock() {
-                            ix.complete_stored(&command_id, &key);
-                        }
-                        return;
-                    }
-                    // Someone recorded it meanwhile (a crashed finish).
-                    Err(StoreError::Conflict(_)) => return,
-                    Err(_) => {}
-                }
-            }
-            tracing::error!(command_id = %command_id, "an unknown outcome could not be recorded; it stays answered from memory");
-        });
     }
 
     /// The typed receipt of a dispatched command (a configure command's

@@ -20,6 +20,7 @@ pub(crate) mod evidence;
 pub(crate) mod finish;
 pub(crate) mod invocations;
 pub(crate) mod operations;
+pub(crate) mod owed;
 pub(crate) mod receipt;
 pub(crate) mod registry;
 pub(crate) mod rider;

@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub fleet: fleet::FleetState,
     /// What `GET /metrics` shows (`crate::meters`): atomics only.
     pub meters: crate::meters::Meters,
+    /// `unknown` receipts the store did not take yet (`dispatch/owed.rs`).
+    pub owed: crate::dispatch::owed::Owed,
 }
 
 /// The kernel. Cheap to clone (an `Arc`).

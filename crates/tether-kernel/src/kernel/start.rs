@@ -239,6 +239,7 @@ impl Kernel {
                 instance: tether_core::ids::mint("inst_"),
                 fleet: crate::kernel::fleet::FleetState::default(),
                 meters,
+                owed: crate::dispatch::owed::Owed::default(),
             }),
         })
     }

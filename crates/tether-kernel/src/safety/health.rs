@@ -127,7 +127,7 @@ impl Kernel {
         let body = json!({
             "ok": ok,
             "uptime_s": self.uptime_s(),
-            "store": {"writable": store.is_ok(), "error": store.err()},
+            "store": {"writable": store.is_ok(), "error": store.err(), "unrecorded_outcomes": self.owed_outcomes()},
             "unreachable": unreachable,
         });
         Health { ok, body }

@@ -54,6 +54,9 @@ impl Kernel {
             Some(why) => json!({"open": false, "error": why}),
             None => json!({"open": true, "error": null}),
         };
+        let mut store = store;
+        // `unknown` outcomes the store did not take yet (`dispatch/owed.rs`).
+        store["unrecorded_outcomes"] = json!(self.owed_outcomes());
         Ok(
             json!({"devices": list, "store": store, "not_certified": true, "statement": tether_core::NOT_CERTIFIED}),
         )
