@@ -42,6 +42,7 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
             pubkey_file,
             checkpoint,
             require_signed_tail,
+            archive,
         } => {
             let keys = given_keys(&pubkey, &pubkey_file)?;
             verify(
@@ -52,8 +53,8 @@ pub fn audit(action: AuditAction) -> anyhow::Result<ExitCode> {
                 },
                 file,
                 keys,
-                checkpoint.as_deref(),
-                require_signed_tail,
+                (checkpoint.as_deref(), require_signed_tail),
+                &archive,
             )
         }
         AuditAction::Checkpoint { state_dir } => print_checkpoint(state_dir),
@@ -132,8 +133,8 @@ fn verify(
     choice: StoreChoice,
     file: Option<PathBuf>,
     keys: Option<KeyRing>,
-    checkpoint: Option<&Path>,
-    require_signed_tail: bool,
+    (checkpoint, require_signed_tail): (Option<&Path>, bool),
+    archives: &[PathBuf],
 ) -> anyhow::Result<ExitCode> {
     let url = choice.url(None).filter(|_| file.is_none());
     // A PostgreSQL store's keys come from the flags, or from a state
@@ -182,11 +183,49 @@ fn verify(
                 .with_context(|| format!("reading the store in {}", dir.display()))?
         }
     };
-    let code = say(&report, &signing, opts.saved.is_some());
+    let mut code = say(&report, &signing, opts.saved.is_some());
     if let Some(from) = keys_from {
         println!("public keys: {} (the store's own)", from.display());
     }
+    if report.ok && !archives.is_empty() {
+        code = say_history(archives, &opts, signing.archived.as_ref());
+    }
     Ok(code)
+}
+
+/// `--archive`: the archive files checked with the store's start (each
+/// with the same keys; the saved checkpoint and the signed tail are the
+/// store's questions, not theirs). Exit 1 names what breaks the history.
+fn say_history(
+    archives: &[PathBuf],
+    opts: &VerifyOptions,
+    anchor: Option<&tether_store::archive::ArchiveAnchor>,
+) -> ExitCode {
+    use tether_store::archive_check::{check_history, read_archive_file};
+    let per_file = VerifyOptions {
+        keys: opts.keys.clone(),
+        ..VerifyOptions::default()
+    };
+    let files: Result<Vec<_>, String> = archives
+        .iter()
+        .map(|f| read_archive_file(f, &per_file))
+        .collect();
+    match files.and_then(|f| check_history(f, anchor)) {
+        Ok(files) => {
+            let last = files.last().map_or(0, |f| f.last_seq);
+            let entries: u64 = files.iter().map(|f| f.entries).sum();
+            println!(
+                "history: {} archive file(s), {entries} entries, seq 1 to {last}, linked to each other and to the store's start at seq {}",
+                files.len(),
+                last + 1
+            );
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            println!("broken history: {why}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Prints the verdict; the exit code.

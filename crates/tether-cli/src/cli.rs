@@ -386,6 +386,12 @@ pub enum AuditAction {
         /// Fail when entries follow the last signed checkpoint.
         #[arg(long)]
         require_signed_tail: bool,
+        /// An archive file `tether audit archive` wrote from this store;
+        /// give every one: each must verify, together they must hold seq 1
+        /// up to the store's start, linked, the newest the one the store
+        /// records (its sha256). Not with --file.
+        #[arg(long, value_name = "FILE", conflicts_with = "file")]
+        archive: Vec<PathBuf>,
     },
     /// Move the entries before a signed checkpoint into a verified export
     /// file and remove them from the store, which then verifies from that

@@ -288,6 +288,27 @@ fn archive_on_a_served_store_keeps_receipts_and_the_store_verifies_from_the_chec
     )
     .expect("write");
 
+    // `store copy` copies whole chains only: an archived store is refused by
+    // name, before any target is reached (this URL has no server).
+    let r = run(&[
+        "store",
+        "copy",
+        "--from",
+        p(&state),
+        "--to",
+        "postgres://tether@127.0.0.1:9/none",
+    ]);
+    assert_refused(
+        &r,
+        "copy of an archived store",
+        "has archived its entries up to seq",
+    );
+
+    // The tampering below works on the store as the first archive left it
+    // (the second may leave only a checkpoint or two to tamper with).
+    let after_first = work.path().join("after-first");
+    copy_state(&state, &after_first);
+
     // A second archive starts where the first ended; its file is a slice
     // proven by the checkpoint that proved the store's start.
     let file2 = work.path().join("archive-2.jsonl");
@@ -327,7 +348,65 @@ fn archive_on_a_served_store_keeps_receipts_and_the_store_verifies_from_the_chec
     ]);
     assert_refused(&r, "archived already", "nothing to archive");
 
-    tampering_fails(&state, &file1, work.path(), &public);
+    history_checks(&state, (&file1, &file2), work.path(), through);
+    tampering_fails(&after_first, &file1, work.path(), &public);
+}
+
+/// `verify --archive`: the archive files and the store as one history from
+/// seq 1, and each way it can be incomplete or wrong named.
+fn history_checks(state: &Path, (file1, file2): (&Path, &Path), work: &Path, through: u64) {
+    let dir = p(state);
+    let out = assert_ok(
+        &verify(&[
+            "--state-dir",
+            dir,
+            "--archive",
+            p(file2),
+            "--archive",
+            p(file1),
+        ]),
+        "whole history",
+    );
+    assert!(out.contains("history: 2 archive file(s)"), "{out}");
+    assert_broken(
+        &verify(&["--state-dir", dir, "--archive", p(file2)]),
+        "the oldest archive left out",
+        "an older archive file is missing",
+    );
+    assert_broken(
+        &verify(&["--state-dir", dir, "--archive", p(file1)]),
+        "the newest archive left out",
+        &format!("the store's newest archive holds seq {}", through + 1),
+    );
+    assert_broken(
+        &verify(&[
+            "--state-dir",
+            dir,
+            "--archive",
+            p(file1),
+            "--archive",
+            p(file1),
+        ]),
+        "one archive twice",
+        "they overlap",
+    );
+    // One byte changed in the newest archive: it no longer verifies on its
+    // own, and the history says which file and where.
+    let text = std::fs::read_to_string(file2).expect("read");
+    let changed = work.join("archive-2-changed.jsonl");
+    std::fs::write(&changed, text.replacen("\"kind\":\"", "\"kind\":\"x", 1)).expect("write");
+    assert_broken(
+        &verify(&[
+            "--state-dir",
+            dir,
+            "--archive",
+            p(file1),
+            "--archive",
+            p(&changed),
+        ]),
+        "a changed newest archive",
+        "archive-2-changed.jsonl: broken at line 1",
+    );
 }
 
 /// A changed archive file, a deleted or moved archive record and a cut head.
@@ -356,9 +435,11 @@ fn tampering_fails(state: &Path, file1: &Path, work: &Path, public: &str) {
     );
 
     // Entries removed and the record moved with them, so seq and link
-    // agree: no signed checkpoint signs that archive point. The first
-    // remaining checkpoint then signs a head before the store's start, or
-    // none signs the new point at all; either way the start fails.
+    // agree. The store alone catches it unless a checkpoint happens to sign
+    // the new point (then it is indistinguishable from an archive there):
+    // the first remaining checkpoint signs a head before the store's start,
+    // or none signs the new point. With the archive file it always fails:
+    // the file ends where the store's start no longer is.
     for (name, drop) in [("moved-1", 1), ("moved-3", 3)] {
         let moved = work.join(name);
         copy_state(state, &moved);
@@ -371,13 +452,26 @@ fn tampering_fails(state: &Path, file1: &Path, work: &Path, public: &str) {
                  DELETE FROM events WHERE seq = (SELECT MIN(seq) FROM events);",
             );
         }
-        let out = assert_broken(&verify(&["--state-dir", p(&moved)]), name, "broken");
-        assert!(
-            out.contains("the archive point is not proven")
-                || out.contains("before the first entry this verifier holds"),
-            "{name}: {out}"
+        let alone = verify(&["--state-dir", p(&moved)]);
+        if alone.code != Some(0) {
+            let out = assert_broken(&alone, name, "broken");
+            assert!(
+                out.contains("the archive point is not proven")
+                    || out.contains("before the first entry this verifier holds"),
+                "{name}: {out}"
+            );
+        }
+        assert_broken(
+            &verify(&["--state-dir", p(&moved), "--archive", p(file1)]),
+            name,
+            "broken",
         );
     }
+    assert_broken(
+        &verify(&["--state-dir", p(&work.join("moved-1"))]),
+        "moved-1",
+        "broken",
+    );
 
     // The head cut: still caught.
     let cut = work.join("cut-head");

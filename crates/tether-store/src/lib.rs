@@ -46,6 +46,7 @@
 
 pub use tether_core::canonical;
 pub mod archive;
+pub mod archive_check;
 pub mod chain;
 pub mod checkpoint;
 pub mod deferred;

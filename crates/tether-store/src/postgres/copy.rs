@@ -102,7 +102,18 @@ pub fn copy_sqlite_to_url(dir: &Path, url: &str) -> Result<CopyReport, StoreErro
     }
     // Opening it brings an older file to this build's schema and checks its
     // head; then the whole chain must verify before anything is copied.
-    drop(crate::SqliteStore::open(dir)?);
+    let opened = crate::SqliteStore::open(dir)?;
+    // An archived store's chain starts past seq 1, proven by a signature:
+    // refused by name rather than as a chain that "does not verify".
+    if let Some(a) = crate::Store::archive_anchor(&opened)? {
+        return Err(StoreError::Unsupported(format!(
+            "the store in {} has archived its entries up to seq {} (into {}): `store copy` copies a whole chain from seq 1 only, and the archived entries are no longer in it; nothing was copied (copy the store before archiving, or keep it on SQLite with its archive files)",
+            dir.display(),
+            a.through_seq,
+            a.file_name
+        )));
+    }
+    drop(opened);
     let source = crate::verify::verify_store(dir)?;
     if !source.ok {
         let why = source
