@@ -17,6 +17,8 @@ use tether_kernel::{Authorized, BoxFuture, CancelToken, Driver, InterlockState, 
 pub const JOINTS: usize = 6;
 /// Longest motion the simulator runs, s (bounds the tick loop).
 const MOTION_S_MAX: f64 = 600.0;
+/// Fastest simulated clock, simulated seconds a wall-clock second.
+const TIME_SCALE_MAX: f64 = 10_000.0;
 
 #[derive(Debug, Clone)]
 struct State {
@@ -30,6 +32,8 @@ pub struct SimArm {
     home: [f64; JOINTS],
     park_speed: f64,
     tick: Duration,
+    /// Simulated seconds a wall-clock second (1: real time).
+    time_scale: f64,
     state: Mutex<State>,
     /// Incremented by every stop and e-stop; a motion that sees it change halts.
     halt_epoch: AtomicU64,
@@ -38,7 +42,10 @@ pub struct SimArm {
 }
 
 impl SimArm {
-    /// Builds it from `driver_config` (`home`, `park_speed_rad_s`, `tick_ms`).
+    /// Builds it from `driver_config` (`home`, `park_speed_rad_s`, `tick_ms`,
+    /// `time_scale`: simulated seconds a wall-clock second, 1 to 10,000,
+    /// default 1; the fuzz targets run the arm fast this way, and the
+    /// output's `duration_s` stays the simulated duration).
     ///
     /// # Errors
     /// Malformed settings.
@@ -49,13 +56,18 @@ impl SimArm {
         };
         let park_speed = cfg_f64(cfg, "park_speed_rad_s", 1.0)?;
         let tick_ms = cfg_f64(cfg, "tick_ms", 10.0)?;
+        let time_scale = cfg_f64(cfg, "time_scale", 1.0)?;
         if park_speed <= 0.0 || !(1.0..=100.0).contains(&tick_ms) {
             return Err("park_speed_rad_s must be positive and tick_ms within 1..=100".into());
+        }
+        if !(1.0..=TIME_SCALE_MAX).contains(&time_scale) {
+            return Err(format!("time_scale must be within 1..={TIME_SCALE_MAX}"));
         }
         Ok(Self {
             home,
             park_speed,
             tick: Duration::from_millis(tick_ms as u64),
+            time_scale,
             state: Mutex::new(State {
                 positions: home,
                 target: None,
@@ -128,11 +140,13 @@ impl SimArm {
         let epoch = self.halt_epoch.load(Ordering::SeqCst);
         self.set(start, Some(target))?;
         let began = Instant::now();
-        let ticks_max = (duration_s / self.tick.as_secs_f64()).ceil() as u64 + 2;
+        // The wall-clock time the motion takes on the simulated clock.
+        let wall_s = duration_s / self.time_scale;
+        let ticks_max = (wall_s / self.tick.as_secs_f64()).ceil() as u64 + 2;
         for _ in 0..ticks_max {
             let elapsed = began.elapsed().as_secs_f64();
-            let frac = if duration_s > 0.0 {
-                (elapsed / duration_s).min(1.0)
+            let frac = if wall_s > 0.0 {
+                (elapsed / wall_s).min(1.0)
             } else {
                 1.0
             };
@@ -223,5 +237,24 @@ impl Driver for SimArm {
 
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
         vec![("door".to_owned(), self.door())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_simulated_clock_is_bounded_and_real_time_by_default() {
+        let arm = SimArm::new(&json!({})).map_err(|e| e.to_string());
+        assert_eq!(arm.map(|a| a.time_scale), Ok(1.0));
+        let fast = SimArm::new(&json!({"time_scale": 1000, "tick_ms": 1}));
+        assert!(fast.is_ok_and(|a| a.time_scale == 1000.0));
+        for bad in [json!(0.5), json!(20_000), json!("fast")] {
+            assert!(
+                SimArm::new(&json!({ "time_scale": bad })).is_err(),
+                "time_scale {bad} was taken"
+            );
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! observations the invariants are judged on (latches, revisions, stored
 //! receipts, running operations).
 //!
-//! Every input gets its own runtime, store and kernel, so one input's latch
+//! Every input gets its own runtime, store, drivers and kernel (only the
+//! loaded cell's read-only specs are shared), so one input's latch
 //! or motion can never explain another input's outcome, and a crash
 //! reproduces from its input alone.
 
@@ -26,10 +27,36 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
 /// when the cell or the kernel cannot start, which the caller asserts never
 /// happens.
 pub fn kernel() -> Option<Kernel> {
-    let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).ok()?;
+    // The cell's specs are read-only: loaded once, cloned for each input
+    // (drivers, store and kernel stay fresh).
+    static CELL: std::sync::OnceLock<Option<tether_kernel::loader::Cell>> =
+        std::sync::OnceLock::new();
+    let cell = CELL
+        .get_or_init(|| tether_kernel::loader::load(&fast_cell()?, None).ok())
+        .clone()?;
     let drivers = tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).ok()?;
     let store = Arc::new(tether_store::MemoryStore::new());
     Kernel::new(KernelConfig::standard("fuzz"), cell, drivers, store).ok()
+}
+
+/// The built-in cell with the arm on a simulated clock 1,000 times faster
+/// than real time (`time_scale`, ticking every 1 ms): a motion an input asks
+/// for runs its whole course, every tick checked, in a thousandth of its
+/// duration, instead of holding the input for up to its deadline.
+/// `None` when the arm's manifest no longer reads as this expects (the
+/// caller then asserts: a silent real-time arm would only be slow).
+fn fast_cell() -> Option<Vec<tether_kernel::loader::ManifestSource>> {
+    let mut cell = tether_drivers::builtin_cell();
+    let arm = cell
+        .iter_mut()
+        .find(|m| m.text.contains("driver = \"sim.arm\""))?;
+    if !arm.text.contains("tick_ms = 10\n") {
+        return None;
+    }
+    arm.text = arm
+        .text
+        .replacen("tick_ms = 10\n", "tick_ms = 1\ntime_scale = 1000\n", 1);
+    Some(cell)
 }
 
 /// What is observed of the kernel before and after one request.

@@ -84,7 +84,7 @@ impl fmt::Display for Defect {
 }
 
 /// A binding after resolution against the catalogue and the limits engine.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BindingSpec {
     /// Capability id.
     pub capability_id: String,
@@ -142,7 +142,7 @@ impl BindingSpec {
 }
 
 /// A device after loading.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DeviceSpec {
     /// The manifest as written.
     pub manifest: DeviceManifest,
@@ -155,7 +155,7 @@ pub struct DeviceSpec {
 }
 
 /// A loaded cell.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Cell {
     /// Devices in load order.
     pub devices: Vec<DeviceSpec>,
