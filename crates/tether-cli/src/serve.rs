@@ -140,8 +140,7 @@ pub fn serve(
                 tokio::io::stdout(),
             )
             .await?;
-            settle(kernel).await;
-            crate::evidence::finish(checkpointer.as_ref()).await;
+            settle(kernel, checkpointer.as_ref()).await;
             return Ok(ExitCode::SUCCESS);
         }
         let code = serve_network(
@@ -154,8 +153,7 @@ pub fn serve(
         )
         .await?;
         // Last, once every operation recorded how it ended: the chain ends signed.
-        settle(kernel).await;
-        crate::evidence::finish(checkpointer.as_ref()).await;
+        settle(kernel, checkpointer.as_ref()).await;
         Ok(code)
     })
 }
@@ -313,15 +311,16 @@ const OWED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Before the process ends: the `unknown` outcomes the store did not take
 /// are offered once more (bounded), so that a restart replays their ids
-/// instead of running them; those still not on record are named on stderr.
-async fn settle(kernel: &Kernel) {
-    if kernel.owed_outcomes() == 0 {
-        return;
+/// instead of running them (those still not on record are named on
+/// stderr); then the chain ends signed (`evidence::finish`).
+async fn settle(kernel: &Kernel, checkpointer: Option<&tether_kernel::checkpoints::Checkpointer>) {
+    if kernel.owed_outcomes() > 0 {
+        let left = kernel.record_owed_outcomes(OWED_WAIT).await;
+        if left > 0 {
+            eprintln!("tether: shutting down: {left} unknown outcome(s) could not be recorded; a restart does not know their command ids");
+        }
     }
-    let left = kernel.record_owed_outcomes(OWED_WAIT).await;
-    if left > 0 {
-        eprintln!("tether: shutting down: {left} unknown outcome(s) could not be recorded; a restart does not know their command ids");
-    }
+    crate::evidence::finish(checkpointer).await;
 }
 
 /// `tether mcp`: MCP on stdio for a client that launches the endpoint.
@@ -358,8 +357,7 @@ pub fn mcp(
             tokio::io::stdout(),
         )
         .await?;
-        settle(&kernel_at_end).await;
-        crate::evidence::finish(checkpointer).await;
+        settle(&kernel_at_end, checkpointer).await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
