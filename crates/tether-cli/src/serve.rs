@@ -347,17 +347,16 @@ pub fn mcp(
     );
     eprintln!("tether: {}", tether_core::NOT_CERTIFIED);
     let kernel = endpoint.kernel.clone();
-    let kernel_at_end = endpoint.kernel.clone();
     let checkpointer = endpoint.checkpointer.as_ref();
     endpoint.runtime.block_on(async move {
         tether_server::mcp::stdio::serve(
-            kernel,
+            kernel.clone(),
             principal,
             tokio::io::stdin(),
             tokio::io::stdout(),
         )
         .await?;
-        settle(&kernel_at_end, checkpointer).await;
+        settle(&kernel, checkpointer).await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

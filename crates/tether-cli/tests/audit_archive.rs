@@ -356,54 +356,33 @@ fn archive_on_a_served_store_keeps_receipts_and_the_store_verifies_from_the_chec
 /// seq 1, and each way it can be incomplete or wrong named.
 fn history_checks(state: &Path, (file1, file2): (&Path, &Path), work: &Path, through: u64) {
     let dir = p(state);
-    let out = assert_ok(
-        &verify(&[
-            "--state-dir",
-            dir,
-            "--archive",
-            p(file2),
-            "--archive",
-            p(file1),
-        ]),
-        "whole history",
-    );
+    let with = |files: &[&Path]| {
+        let mut args = vec!["--state-dir", dir];
+        for f in files {
+            args.extend(["--archive", p(f)]);
+        }
+        verify(&args)
+    };
+    let out = assert_ok(&with(&[file2, file1]), "whole history");
     assert!(out.contains("history: 2 archive file(s)"), "{out}");
     assert_broken(
-        &verify(&["--state-dir", dir, "--archive", p(file2)]),
+        &with(&[file2]),
         "the oldest archive left out",
         "an older archive file is missing",
     );
     assert_broken(
-        &verify(&["--state-dir", dir, "--archive", p(file1)]),
+        &with(&[file1]),
         "the newest archive left out",
         &format!("the store's newest archive holds seq {}", through + 1),
     );
-    assert_broken(
-        &verify(&[
-            "--state-dir",
-            dir,
-            "--archive",
-            p(file1),
-            "--archive",
-            p(file1),
-        ]),
-        "one archive twice",
-        "they overlap",
-    );
+    assert_broken(&with(&[file1, file1]), "one archive twice", "they overlap");
     // One byte changed in the newest archive: it no longer verifies on its
     // own, and the history says which file and where.
     let text = std::fs::read_to_string(file2).expect("read");
     let changed = work.join("archive-2-changed.jsonl");
     std::fs::write(&changed, text.replacen("\"kind\":\"", "\"kind\":\"x", 1)).expect("write");
     assert_broken(
-        &verify(&[
-            "--state-dir",
-            dir,
-            "--archive",
-            p(file1),
-            "--archive",
-            p(&changed),
-        ]),
+        &with(&[file1, &changed]),
         "a changed newest archive",
         "archive-2-changed.jsonl: broken at line 1",
     );

@@ -19,7 +19,10 @@
 //! ([`Store::archive_commit`]).
 
 use crate::checkpoint::{KeyRing, CHECKPOINT_KIND};
-use crate::verify::{verify_jsonl_with, write_export_seal_at, VerifyOptions, EXPORT_SEAL_KIND};
+use crate::signed::SigningReport;
+use crate::verify::{
+    verify_jsonl_with, write_export_seal_at, VerifyOptions, VerifyReport, EXPORT_SEAL_KIND,
+};
 use crate::{Store, StoreError};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -307,17 +310,11 @@ fn check_file(
     last: u64,
     entries: u64,
 ) -> Result<String, StoreError> {
-    let file = std::fs::File::open(out)?;
-    let mut hashing = HashingReader {
-        inner: file,
-        sha: Sha256::new(),
-    };
     let opts = VerifyOptions {
         keys: Some(keys.clone()),
         ..VerifyOptions::default()
     };
-    let (report, signing) = verify_jsonl_with(std::io::BufReader::new(&mut hashing), &opts)
-        .map_err(StoreError::Invalid)?;
+    let (report, signing, sha256) = verify_file_hashed(out, &opts)?;
     if !report.ok
         || report.entries != entries
         || signing.first_seq != first
@@ -332,10 +329,29 @@ fn check_file(
             out.display()
         )));
     }
-    // Anything after the seal would have failed the check; read to the end
-    // all the same so the digest covers every byte.
+    Ok(sha256)
+}
+
+/// Verifies an export file with `opts` and takes its SHA-256 in the same
+/// read.
+///
+/// # Errors
+/// The file cannot be read; [`StoreError::Invalid`] for what the verifier
+/// refuses to read at all.
+pub(crate) fn verify_file_hashed(
+    path: &Path,
+    opts: &VerifyOptions,
+) -> Result<(VerifyReport, SigningReport, String), StoreError> {
+    let mut hashing = HashingReader {
+        inner: std::fs::File::open(path)?,
+        sha: Sha256::new(),
+    };
+    let (report, signing) = verify_jsonl_with(std::io::BufReader::new(&mut hashing), opts)
+        .map_err(StoreError::Invalid)?;
+    // Anything after the seal fails the check; read to the end all the
+    // same so the digest covers every byte.
     std::io::copy(&mut hashing, &mut std::io::sink())?;
-    Ok(hex::encode(hashing.sha.finalize()))
+    Ok((report, signing, hex::encode(hashing.sha.finalize())))
 }
 
 struct HashingReader<R> {

@@ -12,8 +12,8 @@
 //! first entry holds the hash of the entry before it, so an older file that
 //! was changed no longer links.
 
-use crate::archive::{file_sha256, ArchiveAnchor};
-use crate::verify::{verify_jsonl_with, VerifyOptions};
+use crate::archive::{verify_file_hashed, ArchiveAnchor};
+use crate::verify::VerifyOptions;
 use serde::Deserialize;
 use std::io::{BufRead, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 /// Longest line read from a file's end to find its seal (a seal is some
 /// 300 bytes; a longer last line is no seal).
 const SEAL_LINE_MAX: u64 = 64 * 1024;
+/// Longest first line read for its `prev_hash` (the file verified, so its
+/// first line is an entry the store wrote, far under this).
+const FIRST_LINE_MAX: u64 = 16 * 1024 * 1024;
 
 /// What one archive file holds, once it verified on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,9 +57,8 @@ struct Links {
 /// no entry.
 pub fn read_archive_file(path: &Path, opts: &VerifyOptions) -> Result<ArchiveFile, String> {
     let shown = path.display();
-    let open = || std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"));
-    let (report, signing) = verify_jsonl_with(std::io::BufReader::new(open()?), opts)
-        .map_err(|e| format!("{shown}: {e}"))?;
+    let (report, signing, sha256) =
+        verify_file_hashed(path, opts).map_err(|e| format!("{shown}: {e}"))?;
     if !report.ok {
         let why = report
             .first_broken
@@ -67,13 +69,12 @@ pub fn read_archive_file(path: &Path, opts: &VerifyOptions) -> Result<ArchiveFil
         return Err(format!("{shown}: holds no entry"));
     }
     let mut first = String::new();
-    std::io::BufReader::new(open()?)
-        .take(SEAL_LINE_MAX.saturating_mul(16))
-        .read_line(&mut first)
+    std::fs::File::open(path)
+        .map(|f| std::io::BufReader::new(f).take(FIRST_LINE_MAX))
+        .and_then(|mut r| r.read_line(&mut first))
         .map_err(|e| format!("{shown}: {e}"))?;
     let first_prev_hash = links(&first).map_err(|e| format!("{shown}: first line: {e}"))?;
     let last_hash = seal_prev_hash(path).map_err(|e| format!("{shown}: its seal: {e}"))?;
-    let sha256 = file_sha256(path).map_err(|e| format!("{shown}: {e}"))?;
     Ok(ArchiveFile {
         path: path.to_owned(),
         first_seq: signing.first_seq,

@@ -81,11 +81,10 @@ impl Kernel {
             );
             return;
         }
-        let since = Instant::now();
         let record = OwedRecord {
             key: key.to_owned(),
             receipt,
-            since,
+            since: Instant::now(),
         };
         st.records.insert(command_id.to_owned(), record);
         if !st.recorder {
@@ -109,13 +108,7 @@ impl Kernel {
     /// once more, the whole bounded by `wait`. Answers how many are still
     /// not on record (a restart will not know their ids).
     pub async fn record_owed_outcomes(&self, wait: Duration) -> usize {
-        let _ = tokio::time::timeout(wait, async {
-            let ids = self.owed_ids();
-            for chunk in ids.chunks(RECORD_CHUNK) {
-                self.offer(chunk).await;
-            }
-        })
-        .await;
+        let _ = tokio::time::timeout(wait, self.offer_all()).await;
         self.owed_outcomes()
     }
 
@@ -125,10 +118,7 @@ impl Kernel {
     async fn recorder(self) {
         loop {
             tokio::time::sleep(RECORD_RETRY_EVERY).await;
-            let ids = self.owed_ids();
-            for chunk in ids.chunks(RECORD_CHUNK) {
-                self.offer(chunk).await;
-            }
+            self.offer_all().await;
             let Ok(mut st) = self.inner.owed.state.lock() else {
                 return;
             };
@@ -146,13 +136,18 @@ impl Kernel {
         }
     }
 
-    fn owed_ids(&self) -> Vec<String> {
-        self.inner
+    /// Offers every receipt owed now, [`RECORD_CHUNK`] at a time.
+    async fn offer_all(&self) {
+        let ids: Vec<String> = self
+            .inner
             .owed
             .state
             .lock()
             .map(|st| st.records.keys().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        for chunk in ids.chunks(RECORD_CHUNK) {
+            self.offer(chunk).await;
+        }
     }
 
     /// Offers the owed receipts of `ids` at once (the writer batches them;

@@ -50,13 +50,13 @@ impl Kernel {
             })
             .collect();
         // Why every device is latched, when the store did not open at start.
+        // Beside it, the `unknown` outcomes the store did not take yet
+        // (`dispatch/owed.rs`).
+        let unrecorded = self.owed_outcomes();
         let store = match self.store_closed() {
-            Some(why) => json!({"open": false, "error": why}),
-            None => json!({"open": true, "error": null}),
+            Some(why) => json!({"open": false, "error": why, "unrecorded_outcomes": unrecorded}),
+            None => json!({"open": true, "error": null, "unrecorded_outcomes": unrecorded}),
         };
-        let mut store = store;
-        // `unknown` outcomes the store did not take yet (`dispatch/owed.rs`).
-        store["unrecorded_outcomes"] = json!(self.owed_outcomes());
         Ok(
             json!({"devices": list, "store": store, "not_certified": true, "statement": tether_core::NOT_CERTIFIED}),
         )
