@@ -119,7 +119,13 @@ pub async fn finish(checkpointer: Option<&Checkpointer>) {
                 saved.entry_seq
             );
         }
-        Ok(Ok(None)) => {}
+        // The periodic checkpoint already signed the head: the chain ends
+        // signed all the same (said, so the operator need not guess).
+        Ok(Ok(None)) => {
+            eprintln!(
+                "tether: the chain ends signed (nothing was appended since the last checkpoint)"
+            );
+        }
         Ok(Err(e)) => eprintln!("tether: the final checkpoint could not be recorded: {e}"),
         Err(_) => eprintln!("tether: the final checkpoint timed out"),
     }
