@@ -230,6 +230,11 @@ impl Driver for SimArm {
         })
     }
 
+    /// In process: a motion waits on timers, never on the thread.
+    fn polls_promptly(&self) -> bool {
+        true
+    }
+
     fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
         self.halt_epoch.fetch_add(1, Ordering::SeqCst);
         Ok(())

@@ -71,6 +71,11 @@ impl Driver for SimRelay {
         })
     }
 
+    /// In process: switching a simulated channel never waits.
+    fn polls_promptly(&self) -> bool {
+        true
+    }
+
     fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
         let mut c = self.channels.lock().map_err(|_| poisoned())?;
         c.iter_mut().for_each(|x| *x = false);

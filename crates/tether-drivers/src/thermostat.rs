@@ -128,6 +128,11 @@ impl Driver for SimThermostat {
         })
     }
 
+    /// In process: the simulation answers a setpoint at once.
+    fn polls_promptly(&self) -> bool {
+        true
+    }
+
     fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
         let mut s = self.state.lock().map_err(|_| poisoned())?;
         self.anchor(&mut s);

@@ -140,6 +140,17 @@ pub trait Driver: Send + Sync + 'static {
     /// `{output, state}` wrapper). Must observe `cancel` and the deadline.
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>>;
 
+    /// Whether a call's first poll always returns at once, without blocking
+    /// the thread: an in-process simulator that computes its answer or starts
+    /// a timer. The kernel then polls each call once on the caller's task and
+    /// spares it a task of its own when it finishes there (one caller's
+    /// command costs a spawn and two cross-thread wake-ups less). The default
+    /// is `false`: every call runs in its own task, so a call that blocks in
+    /// a poll cannot hold its caller past the deadline.
+    fn polls_promptly(&self) -> bool {
+        false
+    }
+
     /// The native stop. May run while a call is in flight; must not wait for
     /// a lock a running call holds; must return promptly.
     fn estop(&self, call: &Authorized) -> Result<(), Signal>;

@@ -104,6 +104,10 @@ struct TestDriver {
     /// Panic inside the call: after the slow wait, if any (so either in the
     /// call's first poll or in a later one).
     panics: AtomicBool,
+    /// Say the calls poll promptly, so the kernel polls each once inline.
+    prompt: AtomicBool,
+    /// Wait this long ignoring cancellation (a call that cannot be stopped).
+    stubborn_ms: AtomicUsize,
 }
 
 impl Driver for TestDriver {
@@ -113,6 +117,10 @@ impl Driver for TestDriver {
     fn call(&self, call: Authorized, cancel: CancelToken) -> BoxFuture<'_, Result<Value, Signal>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            let stubborn = self.stubborn_ms.load(Ordering::SeqCst) as u64;
+            if stubborn > 0 {
+                tokio::time::sleep(Duration::from_millis(stubborn)).await;
+            }
             let slow = self.slow_ms.load(Ordering::SeqCst) as u64;
             if slow > 0 {
                 tokio::select! {
@@ -135,6 +143,9 @@ impl Driver for TestDriver {
     }
     fn estop(&self, _call: &Authorized) -> Result<(), Signal> {
         Ok(())
+    }
+    fn polls_promptly(&self) -> bool {
+        self.prompt.load(Ordering::SeqCst)
     }
     fn interlocks(&self) -> Vec<(String, InterlockState)> {
         self.guard
@@ -489,15 +500,20 @@ async fn a_driver_that_panics_fails_its_receipt_and_the_kernel_goes_on() {
     let rig = rig().await;
     rig.driver.panics.store(true, Ordering::SeqCst);
     // At its first poll (an instant call), then at a later poll (a call that
-    // waited first): both end as a failed receipt naming the panic.
-    for slow in [0, 30] {
-        rig.driver.slow_ms.store(slow, Ordering::SeqCst);
-        let r = rig
-            .run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
-            .await;
-        assert_eq!(r["status"], "failed", "slow {slow}: {r}");
-        assert_eq!(r["error"]["mhs_code"], "MHS.ADAPTER.DRIVER_FAILED", "{r}");
-        assert_eq!(r["error"]["details"]["reason"], "driver_panicked", "{r}");
+    // waited first), in a task of its own or polled first on the caller's
+    // task (a driver that polls promptly): each ends as a failed receipt
+    // naming the panic.
+    for prompt in [false, true] {
+        rig.driver.prompt.store(prompt, Ordering::SeqCst);
+        for slow in [0, 30] {
+            rig.driver.slow_ms.store(slow, Ordering::SeqCst);
+            let r = rig
+                .run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
+                .await;
+            assert_eq!(r["status"], "failed", "prompt {prompt} slow {slow}: {r}");
+            assert_eq!(r["error"]["mhs_code"], "MHS.ADAPTER.DRIVER_FAILED", "{r}");
+            assert_eq!(r["error"]["details"]["reason"], "driver_panicked", "{r}");
+        }
     }
     rig.driver.panics.store(false, Ordering::SeqCst);
     rig.driver.slow_ms.store(0, Ordering::SeqCst);
@@ -505,6 +521,29 @@ async fn a_driver_that_panics_fails_its_receipt_and_the_kernel_goes_on() {
         .run(rig.req("x-cap.test.dose.v1", json!({"amount": 1})))
         .await;
     assert_eq!(r["status"], "completed", "{r}");
+}
+
+#[tokio::test]
+async fn a_call_that_ignores_cancellation_is_left_behind_unknown_at_its_deadline() {
+    let rig = rig().await;
+    rig.driver.stubborn_ms.store(60_000, Ordering::SeqCst);
+    // Polled inline first or not, a call that waits and never heeds its
+    // cancellation is left behind: the caller is answered `unknown` after
+    // the deadline and the cancel grace, not when the call ends.
+    for prompt in [false, true] {
+        rig.driver.prompt.store(prompt, Ordering::SeqCst);
+        let mut r = rig.req("x-cap.test.dose.v1", json!({"amount": 1}));
+        r.deadline = Some(Duration::from_millis(100));
+        let began = std::time::Instant::now();
+        let out = rig.run(r).await;
+        let took = began.elapsed();
+        assert_eq!(out["status"], "unknown", "prompt {prompt}: {out}");
+        assert_eq!(
+            out["error"]["details"]["reason"], "deadline_exceeded_cancel_unconfirmed",
+            "{out}"
+        );
+        assert!(took < Duration::from_secs(20), "held {took:?}");
+    }
 }
 
 #[tokio::test]

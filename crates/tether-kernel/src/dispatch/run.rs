@@ -1,4 +1,5 @@
-//! The driver call: run in its own task under the command's deadline,
+//! The driver call: polled once inline, then (if it waits) run in its own
+//! task under the command's deadline,
 //! watched for a gating interlock that opens, and its outcome classified.
 //!
 //! **Fail-closed rule:** a call that ignores cancellation past its deadline
@@ -11,6 +12,9 @@ use crate::driver::{CancelToken, Signal};
 use crate::kernel::{DeviceRt, Kernel};
 use crate::loader::BindingSpec;
 use serde_json::{json, Value};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tether_core::{Code, Refusal, Status};
 use tracing::Instrument;
@@ -134,9 +138,38 @@ pub(crate) fn signal_text(s: &Signal) -> String {
     }
 }
 
+fn driver_panicked() -> Signal {
+    Signal::Failed {
+        reason: "driver_panicked".into(),
+        message: "the driver task ended abnormally".into(),
+    }
+}
+
+enum FirstPoll<T> {
+    Ready(T),
+    Pending,
+    Panicked,
+}
+
+/// Polls `fut` once with the caller's waker. A panic in the driver is caught
+/// here as the driver's task would have caught it, so it fails the call, never
+/// the caller.
+async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> FirstPoll<F::Output> {
+    std::future::poll_fn(|cx| {
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx)));
+        Poll::Ready(match polled {
+            Ok(Poll::Ready(out)) => FirstPoll::Ready(out),
+            Ok(Poll::Pending) => FirstPoll::Pending,
+            Err(_) => FirstPoll::Panicked,
+        })
+    })
+    .await
+}
+
 impl Kernel {
-    /// Runs the driver call in its own task so a call that ignores
-    /// cancellation can be left behind (its outcome unknown) without holding
+    /// Runs the driver call, in its own task once it waits, so a call that
+    /// ignores cancellation can be left behind (its outcome unknown) without holding
     /// the caller past its deadline.
     pub(crate) async fn run_driver(
         &self,
@@ -161,7 +194,7 @@ impl Kernel {
         let op = op_id.to_owned();
         let device = self.device_index(dev.id());
         let span = crate::order::step_span("driver");
-        let mut handle = tokio::spawn(
+        let mut call = Box::pin(
             async move {
                 let r = driver.call(auth, task_cancel).await;
                 kernel.unregister_op(&op);
@@ -174,6 +207,21 @@ impl Kernel {
             }
             .instrument(span),
         );
+        // A call that finishes at once (a simulated setpoint) is answered
+        // without a task of its own: a spawn and two wake-ups across threads
+        // were most of one caller's whole command on the memory store.
+        // Only for a driver that says its polls never block (`polls_promptly`).
+        if dev.driver.polls_promptly() {
+            match poll_once(call.as_mut()).await {
+                FirstPoll::Ready(r) => return DriverOutcome::Returned(r),
+                FirstPoll::Panicked => return DriverOutcome::Returned(Err(driver_panicked())),
+                FirstPoll::Pending => {}
+            }
+        }
+        // Pending: the call moves to its own task, whose first poll registers
+        // the task's own waker (a future wakes only the waker of its latest
+        // poll), so the caller can leave it behind at the deadline.
+        let mut handle = tokio::spawn(call);
         let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
         // A non-abortable call is not stopped by an interlock that opens:
         // Tether cannot abort it, so it ends within its lease or duration
@@ -185,7 +233,7 @@ impl Kernel {
         };
         let watch = self.watch_interlocks(dev, b, &gated);
         tokio::select! {
-            joined = &mut handle => DriverOutcome::Returned(joined.unwrap_or_else(|_| Err(Signal::Failed { reason: "driver_panicked".into(), message: "the driver task ended abnormally".into() }))),
+            joined = &mut handle => DriverOutcome::Returned(joined.unwrap_or_else(|_| Err(driver_panicked()))),
             () = sleep => {
                 cancel.cancel();
                 match tokio::time::timeout(CANCEL_GRACE, &mut handle).await {
