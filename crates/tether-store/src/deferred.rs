@@ -104,6 +104,13 @@ impl Store for DeferredStore {
     fn approvals(&self) -> Result<Vec<ApprovalRow>, StoreError> {
         self.store()?.approvals()
     }
+    fn approvals_to_restore(
+        &self,
+        open_max: usize,
+        closed_max: usize,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        self.store()?.approvals_to_restore(open_max, closed_max)
+    }
     fn approvals_since(&self, after: u64) -> Result<(Vec<ApprovalRow>, u64), StoreError> {
         self.store()?.approvals_since(after)
     }

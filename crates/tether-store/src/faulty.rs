@@ -115,6 +115,15 @@ impl Store for FaultyStore {
         self.inner.approvals()
     }
 
+    fn approvals_to_restore(
+        &self,
+        open_max: usize,
+        closed_max: usize,
+    ) -> Result<Vec<crate::ApprovalRow>, StoreError> {
+        self.read_check()?;
+        self.inner.approvals_to_restore(open_max, closed_max)
+    }
+
     fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {
         self.read_check()?;
         self.inner.approvals_since(after)

@@ -359,6 +359,41 @@ pub struct ApprovalRow {
 /// Most entries one [`Store::entries_after`] answers.
 pub const ENTRIES_PAGE_MAX: usize = 10_000;
 
+/// Whether an approval record's stored status is closed: used, expired or
+/// revoked (a record without a status counts as open, so it is kept and its
+/// reader decides).
+pub fn approval_is_closed(record: &Value) -> bool {
+    matches!(
+        record.get("status").and_then(Value::as_str),
+        Some("used" | "expired" | "revoked")
+    )
+}
+
+/// [`Store::approvals_to_restore`] over every record, oldest created first.
+pub fn select_to_restore(
+    rows: Vec<ApprovalRow>,
+    open_max: usize,
+    closed_max: usize,
+) -> Vec<ApprovalRow> {
+    let (mut open_left, mut closed_left) = (open_max, closed_max);
+    let mut kept: Vec<ApprovalRow> = rows
+        .into_iter()
+        .rev()
+        .filter(|row| {
+            let left = if approval_is_closed(&row.record) {
+                &mut closed_left
+            } else {
+                &mut open_left
+            };
+            let keep = *left > 0;
+            *left = left.saturating_sub(1);
+            keep
+        })
+        .collect();
+    kept.reverse();
+    kept
+}
+
 /// Most approval records one [`Store::approvals_since`] answers; a reader
 /// behind by more asks again from the position it was given.
 pub const APPROVALS_SINCE_MAX: usize = 4096;
@@ -548,6 +583,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every approval record, oldest first.
     fn approvals(&self) -> Result<Vec<ApprovalRow>, StoreError>;
+
+    /// What a restart keeps of the approvals, oldest created first: the
+    /// `open_max` newest records whose stored status is not closed (see
+    /// [`approval_is_closed`]: pending, approved and denied ones, a denial
+    /// being final for its request) and the `closed_max` newest closed ones
+    /// (used, expired, revoked). The store keeps every record; memory keeps
+    /// what can still matter, so a restart on a store of many decided
+    /// approvals holds a bounded table.
+    fn approvals_to_restore(
+        &self,
+        open_max: usize,
+        closed_max: usize,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        Ok(select_to_restore(self.approvals()?, open_max, closed_max))
+    }
 
     /// Approval records written (created, voted on, used, revoked) by any
     /// process after chain position `after`, oldest write first, at most

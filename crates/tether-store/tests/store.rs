@@ -196,6 +196,52 @@ fn approvals_upsert_keep_creation_order_and_survive_reopen() {
 }
 
 #[test]
+fn a_restart_reads_back_the_open_approvals_and_only_the_newest_closed_ones() {
+    both(|s| {
+        // Created in this order; the status is the stored one.
+        let statuses = [
+            ("appr-1", "used"),
+            ("appr-2", "pending"),
+            ("appr-3", "revoked"),
+            ("appr-4", "denied"),
+            ("appr-5", "expired"),
+            ("appr-6", "approved"),
+            ("appr-7", "used"),
+            ("appr-8", "pending"),
+        ];
+        for (id, status) in statuses {
+            s.commit_blocking(Commit {
+                events: vec![event("approval.created", json!({"id": id}))],
+                approvals: vec![tether_store::ApprovalRow {
+                    approval_id: id.into(),
+                    record: json!({"approval_id": id, "status": status}),
+                }],
+                ..Commit::default()
+            })
+            .expect("commit");
+        }
+        let ids = |open: usize, closed: usize| -> Vec<String> {
+            s.approvals_to_restore(open, closed)
+                .expect("restore")
+                .into_iter()
+                .map(|r| r.approval_id)
+                .collect()
+        };
+        // Every open one (denied counts: a denial is final), the two newest
+        // closed ones, in creation order.
+        assert_eq!(
+            ids(10, 2),
+            ["appr-2", "appr-4", "appr-5", "appr-6", "appr-7", "appr-8"]
+        );
+        assert_eq!(ids(2, 0), ["appr-6", "appr-8"]);
+        assert_eq!(ids(0, 10), ["appr-1", "appr-3", "appr-5", "appr-7"]);
+        assert_eq!(ids(10, 10).len(), statuses.len());
+        // The store still keeps every record.
+        assert_eq!(s.approvals().expect("approvals").len(), statuses.len());
+    });
+}
+
+#[test]
 fn approvals_since_answers_what_was_written_after_a_position() {
     both(|s| {
         s.commit_blocking(full_commit("a")).expect("a");

@@ -44,6 +44,12 @@ pub(crate) const APPROVALS_MAX: usize = 20_000;
 // Denials always find room beside the most open approvals a config allows.
 const _: () = assert!(crate::bounds::APPROVALS_OPEN_LIMIT * 2 <= APPROVALS_MAX);
 
+/// Most closed approvals (used, expired, revoked) a restart reads back, the
+/// newest: what `approvals.get` and `approvals.list` still show of them. The
+/// store keeps every one.
+pub(crate) const APPROVALS_RESTORE_CLOSED_MAX: usize = APPROVALS_MAX / 4;
+const _: () = assert!(APPROVALS_RESTORE_CLOSED_MAX < APPROVALS_MAX);
+
 /// Where an approval stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Status {
@@ -228,15 +234,26 @@ impl Approvals {
         Some(a)
     }
 
-    /// Rebuilds the table from stored records. A record that cannot be read
-    /// is skipped with a warning: it can then never authorise anything.
+    /// Rebuilds the table from stored records (what
+    /// `Store::approvals_to_restore` answers): the open ones first, then
+    /// closed ones while the table has room, so it never holds more than
+    /// [`APPROVALS_MAX`]. A record that cannot be read is skipped with a
+    /// warning: it can then never authorise anything.
     pub(crate) fn restore(rows: &[ApprovalRow]) -> Self {
         let mut t = Self::default();
-        for row in rows {
-            match Approval::from_stored(row) {
-                Some(a) => t.insert(a),
-                None => {
-                    tracing::warn!(approval_id = %row.approval_id, "unreadable approval record ignored")
+        for closed in [false, true] {
+            let rows = rows
+                .iter()
+                .filter(|r| tether_store::approval_is_closed(&r.record) == closed);
+            for row in rows {
+                if t.by_id.len() >= APPROVALS_MAX {
+                    break;
+                }
+                match Approval::from_stored(row) {
+                    Some(a) => t.insert(a),
+                    None => {
+                        tracing::warn!(approval_id = %row.approval_id, "unreadable approval record ignored")
+                    }
                 }
             }
         }
@@ -380,6 +397,33 @@ mod tests {
         assert_eq!(a.stored()["votes"].as_array().map(Vec::len), Some(2));
         t.merge(&[row("pending", json!([]))], 5);
         assert_eq!(t.by_id["appr_1"].status, Status::Revoked);
+    }
+
+    fn numbered(n: usize, status: &str) -> ApprovalRow {
+        let id = format!("appr_{n}");
+        ApprovalRow {
+            approval_id: id.clone(),
+            record: json!({"approval_id": id, "key": format!("planner|c{n}|t/cap/main/sha256:x@planner"), "requested_by": {"id": "planner", "kind": "agent"}, "status": status, "quorum": 1, "expires_at_ms": u64::MAX, "votes": []}),
+        }
+    }
+
+    /// A restart never holds more than the table's bound, and the open
+    /// approvals take the room before closed ones.
+    #[test]
+    fn a_restore_keeps_the_open_approvals_first_and_stays_within_the_bound() {
+        let mut rows: Vec<ApprovalRow> = (0..10).map(|n| numbered(n, "used")).collect();
+        rows.extend((10..APPROVALS_MAX + 15).map(|n| numbered(n, "pending")));
+        let t = Approvals::restore(&rows);
+        assert_eq!(t.by_id.len(), APPROVALS_MAX);
+        assert!(t.by_id.values().all(|a| a.status == Status::Pending));
+        let rows = [
+            numbered(1, "denied"),
+            numbered(2, "used"),
+            numbered(3, "pending"),
+        ];
+        let t = Approvals::restore(&rows);
+        assert_eq!(t.by_id.len(), 3, "closed ones fill the room that is left");
+        assert_eq!(t.by_id["appr_1"].status, Status::Denied);
     }
 
     /// Votes of two processes reaching the quorum together approve.

@@ -301,7 +301,13 @@ impl Kernel {
         // The head first: an approval written after it is merged later
         // (`sync_approvals`), one written before is in what is read now.
         let head = store.chain_head().map_err(StartError::Store)?;
-        let mut approvals = Approvals::restore(&store.approvals().map_err(StartError::Store)?);
+        let rows = store
+            .approvals_to_restore(
+                crate::approvals::APPROVALS_MAX,
+                crate::approvals::APPROVALS_RESTORE_CLOSED_MAX,
+            )
+            .map_err(StartError::Store)?;
+        let mut approvals = Approvals::restore(&rows);
         approvals.seen = head.map_or(0, |(seq, _)| seq);
         if let Ok(mut a) = self.inner.approvals.lock() {
             *a = approvals;

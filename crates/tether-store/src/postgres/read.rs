@@ -168,6 +168,40 @@ impl Store for PgStore {
             .collect()
     }
 
+    fn approvals_to_restore(
+        &self,
+        open_max: usize,
+        closed_max: usize,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        let open = i64::try_from(open_max).unwrap_or(i64::MAX);
+        let closed = i64::try_from(closed_max).unwrap_or(i64::MAX);
+        let rows = self.call(move |pg| {
+            // The closed statuses are those of `crate::approval_is_closed`.
+            let rows = pg.query(
+                "SELECT approval_id, record FROM (
+                    (SELECT approval_id, record, created_seq FROM approvals
+                        WHERE COALESCE(record::json->>'status', '')
+                            NOT IN ('used', 'expired', 'revoked')
+                        ORDER BY created_seq DESC, approval_id DESC LIMIT $1)
+                    UNION ALL
+                    (SELECT approval_id, record, created_seq FROM approvals
+                        WHERE record::json->>'status' IN ('used', 'expired', 'revoked')
+                        ORDER BY created_seq DESC, approval_id DESC LIMIT $2)
+                 ) AS kept ORDER BY created_seq, approval_id",
+                &[&open, &closed],
+            )?;
+            pairs(&rows)
+        })?;
+        rows.into_iter()
+            .map(|(approval_id, record)| {
+                Ok(ApprovalRow {
+                    record: json(&record, "approval", &approval_id)?,
+                    approval_id,
+                })
+            })
+            .collect()
+    }
+
     fn approvals_since(&self, after: u64) -> Result<(Vec<ApprovalRow>, u64), StoreError> {
         let from = to_db(after);
         let limit = i64::try_from(crate::APPROVALS_SINCE_MAX).unwrap_or(i64::MAX);

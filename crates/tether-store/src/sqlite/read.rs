@@ -131,6 +131,43 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    fn approvals_to_restore(
+        &self,
+        open_max: usize,
+        closed_max: usize,
+    ) -> Result<Vec<crate::ApprovalRow>, StoreError> {
+        let conn = self.read();
+        // The closed statuses are those of `crate::approval_is_closed`.
+        let mut st = conn.prepare_cached(
+            "SELECT approval_id, record FROM (
+                SELECT * FROM (SELECT approval_id, record, created_seq FROM approvals
+                    WHERE COALESCE(json_extract(record, '$.status'), '')
+                        NOT IN ('used', 'expired', 'revoked')
+                    ORDER BY created_seq DESC, approval_id DESC LIMIT ?1)
+                UNION ALL
+                SELECT * FROM (SELECT approval_id, record, created_seq FROM approvals
+                    WHERE json_extract(record, '$.status') IN ('used', 'expired', 'revoked')
+                    ORDER BY created_seq DESC, approval_id DESC LIMIT ?2)
+             ) ORDER BY created_seq, approval_id",
+        )?;
+        let open = i64::try_from(open_max).unwrap_or(i64::MAX);
+        let closed = i64::try_from(closed_max).unwrap_or(i64::MAX);
+        let rows = st.query_map(params![open, closed], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (approval_id, record) = row?;
+            let record: Value = serde_json::from_str(&record)
+                .map_err(|e| corrupt_json("approval", &approval_id, e))?;
+            out.push(crate::ApprovalRow {
+                approval_id,
+                record,
+            });
+        }
+        Ok(out)
+    }
+
     fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {
         let conn = self.read();
         let mut st = conn.prepare_cached(
