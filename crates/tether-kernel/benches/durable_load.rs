@@ -11,6 +11,8 @@
 //! its ratio to SQLite's figure of the same run is printed.
 //! `DURABLE_LOAD_PG_ENDPOINTS=4` also runs four endpoints (kernels with a
 //! store handle each) on one database at once and prints their sum.
+//! `DURABLE_LOAD_INLINE=0` hands every SQLite commit to the writer thread
+//! (no commit applied on a waiting caller's thread): to compare the two.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -48,16 +50,18 @@ fn main() {
         return;
     }
     let sqlite = Arc::new(SqliteStore::open(dir.path()).expect("store"));
+    sqlite.set_inline_commits(std::env::var("DURABLE_LOAD_INLINE").as_deref() != Ok("0"));
     let durable = run_load(sqlite.clone(), callers, per_caller);
     let stats = sqlite.stats();
     durable.print("durable_load", callers);
     println!(
-        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={}",
+        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={} inline_batches={}",
         stats.batches,
         stats.commits,
         stats.commits as f64 / stats.batches.max(1) as f64,
         stats.largest_batch,
-        stats.idle_waits
+        stats.idle_waits,
+        stats.inline_batches
     );
     drop(sqlite);
     if std::env::var_os("DURABLE_LOAD_PG").is_some() {

@@ -11,7 +11,10 @@
 //!   simulated driver behind it): the durable start, then the receipt.
 //!
 //! Each command runs in a runtime task as a surface's handler does, and is
-//! answered as text. Run: `cargo bench -p tether-kernel --bench
+//! answered as text. Each figure is taken twice in the same run: with every
+//! commit handed to the store's writer thread (`_thread`), and with a
+//! command's commit applied on the caller's own thread when the writer is
+//! idle (`_inline`, the shipped default: `Store::submit_waiting`). Run: `cargo bench -p tether-kernel --bench
 //! single_caller [-- COMMANDS]`.
 #![allow(
     clippy::unwrap_used,
@@ -38,13 +41,17 @@ fn main() {
         .unwrap_or(5_000);
     let dir = tempfile::tempdir().expect("tempdir");
     let flush_before = flush_p50_us(dir.path());
-    let setpoint = run(dir.path(), "setpoint", false, commands);
-    let physical = run(dir.path(), "physical", true, commands);
+    let setpoint_thread = run(dir.path(), "setpoint-thread", false, false, commands);
+    let setpoint = run(dir.path(), "setpoint", false, true, commands);
+    let physical_thread = run(dir.path(), "physical-thread", true, false, commands);
+    let physical = run(dir.path(), "physical", true, true, commands);
     let flush_after = flush_p50_us(dir.path());
     let flush = (flush_before + flush_after) / 2.0;
     println!("FIGURE flush_4k_us p50_before={flush_before:.1} p50_after={flush_after:.1}");
     for (name, (p50, p99), flushes) in [
+        ("single_setpoint_thread_us", setpoint_thread, 1.0),
         ("single_setpoint_us", setpoint, 1.0),
+        ("single_physical_thread_us", physical_thread, 2.0),
         ("single_physical_us", physical, 2.0),
     ] {
         println!(
@@ -73,16 +80,18 @@ fn flush_p50_us(dir: &Path) -> f64 {
 }
 
 /// `commands` setpoints one at a time on a fresh SQLite store in `dir`; the
-/// thermostat declared `hardware` when `physical`. (p50, p99) µs.
-fn run(dir: &Path, name: &str, physical: bool, commands: usize) -> (f64, f64) {
+/// thermostat declared `hardware` when `physical`; commits applied on the
+/// caller's thread when `inline`. (p50, p99) µs.
+fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) -> (f64, f64) {
     let state = dir.join(name);
     std::fs::create_dir_all(&state).expect("state dir");
     let store = Arc::new(SqliteStore::open(&state).expect("store"));
-    let k = kernel(store, physical);
+    store.set_inline_commits(inline);
+    let k = kernel(Arc::clone(&store), physical);
     let rt = common::runtime();
     let p = Principal::local_agent();
     let session = common::open_session(&rt, &k, &p);
-    let name = name.to_owned();
+    let label = name.to_owned();
     let samples = rt.block_on(async move {
         let caller = tokio::spawn(async move {
             let mut samples = Vec::with_capacity(commands);
@@ -97,13 +106,18 @@ fn run(dir: &Path, name: &str, physical: bool, commands: usize) -> (f64, f64) {
                 out.clear();
                 answer.write_json(&mut out);
                 samples.push(t.elapsed().as_nanos());
-                assert_eq!(answer.status(), Some("completed"), "{name}");
-                assert!(!answer.not_durable(), "{name}");
+                assert_eq!(answer.status(), Some("completed"), "{label}");
+                assert!(!answer.not_durable(), "{label}");
             }
             samples
         });
         caller.await.expect("caller")
     });
+    let stats = store.stats();
+    println!(
+        "# {name}: {} batches, {} of them on the caller's thread",
+        stats.batches, stats.inline_batches
+    );
     percentiles(samples)
 }
 

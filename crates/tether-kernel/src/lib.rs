@@ -21,6 +21,7 @@
 //! | loading | `loader/` | manifests and overlay → the cell |
 //! | the object | `kernel/` | `Kernel`, its state, start-up, the door to the store |
 //! | signed checkpoints | [`checkpoints`] | the chain head signed in the background, never on a command's path |
+//! | stage timings | [`stages`] | a traced command's stages, carried on its span for the exporter |
 //!
 //! **Architecture invariant:** [`Authorized`] has no public constructor; the
 //! compile-fail tests in `tether-drivers/tests/ui` pin that, and
@@ -53,6 +54,7 @@ mod read;
 pub mod reference;
 mod request;
 mod safety;
+pub mod stages;
 
 pub use admit::sessions::SESSION_TTL_MS_MAX;
 pub use check::policy;

@@ -22,6 +22,7 @@ use crate::check::Effects;
 use crate::dispatch::answer::Answer;
 use crate::dispatch::rider::Rider;
 use crate::kernel::{Kernel, Principal};
+use crate::stages::{stage, Stages};
 use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -97,17 +98,9 @@ impl Ctx {
     }
 }
 
-/// The span of one stage of the order: a child of the command's span,
-/// named by the stage (`otel.name`), so a trace reads as the order did.
-pub(crate) fn step_span(name: &'static str) -> tracing::Span {
-    tracing::info_span!("tether.step", otel.name = name, step = name)
-}
-
-/// Runs a synchronous stage inside its [`step_span`].
-pub(crate) fn step<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
-    let _entered = step_span(name).entered();
-    f()
-}
+/// Runs a synchronous stage as a mark of its command's trace
+/// ([`crate::stages`]: a child span once exported).
+pub(crate) use crate::stages::step;
 
 /// The command's labels on its span: the capability (only one the device
 /// binds), the decision, the outcome and the refusal code — never an input
@@ -157,11 +150,19 @@ impl Kernel {
             outcome = tracing::field::Empty,
             refusal_code = tracing::field::Empty,
             principal_kind = p.kind.as_str(),
+            { crate::stages::FIELD } = tracing::field::Empty,
         );
-        let answer = self
-            .command_order(p, req, options)
-            .instrument(span.clone())
-            .await;
+        // A traced command's stages are timed into a table, not built as
+        // spans of their own (crate::stages); an untraced one has none.
+        let stages = (!span.is_disabled()).then(|| Stages::new(Instant::now()));
+        let order = self.command_order(p, req, options);
+        let answer = match &stages {
+            Some(s) => s.clone().scope(order).instrument(span.clone()).await,
+            None => order.instrument(span.clone()).await,
+        };
+        if let Some(s) = &stages {
+            span.record(crate::stages::FIELD, s.encode().as_str());
+        }
         let meters = &self.inner.meters;
         match &answer {
             Ok(a) => {
@@ -179,7 +180,7 @@ impl Kernel {
     }
 
     /// [`Kernel::command`]'s order, one stage per line; each stage that
-    /// runs is a child span of the command's (`tether.step`, named by the
+    /// runs is timed as a child of the command in its trace (named by the
     /// stage), so a trace shows how far a command went.
     async fn command_order(
         &self,
@@ -211,7 +212,7 @@ impl Kernel {
             return Ok(self.estop_binding(p, &req, &arrival).await); // stops skip the rest
         }
         let ctx = self.context(p, req, arrival, (binding, session_id), rider);
-        let claim = self.claim_step(&ctx).instrument(step_span("claim")).await;
+        let claim = stage("claim", self.claim_step(&ctx)).await;
         if let Err(answer) = claim {
             return Ok(answer); // step 4: a replay, or a reused id refused
         }
@@ -224,8 +225,7 @@ impl Kernel {
                     // The receiver may have stopped waiting; dispatch goes on.
                     let _ = tx.send(());
                 }
-                let span = step_span("dispatch");
-                self.dispatch(ctx, admitted, cancel).instrument(span).await // step 12
+                stage("dispatch", self.dispatch(ctx, admitted, cancel)).await // step 12
             }
             Err(refusal) => Ok(self.refuse_checked(&ctx, refusal).await),
         }

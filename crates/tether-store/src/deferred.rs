@@ -77,9 +77,27 @@ impl DeferredStore {
 }
 
 impl Store for DeferredStore {
+    fn submit(&self, commit: Commit, done: Done) {
+        match self.store() {
+            Ok(s) => s.submit(commit, done),
+            Err(e) => done(Err(e)),
+        }
+    }
     fn submit_ref(&self, commit: &Commit, done: Done) {
         match self.store() {
             Ok(s) => s.submit_ref(commit, done),
+            Err(e) => done(Err(e)),
+        }
+    }
+    fn submit_waiting(&self, commit: Commit, done: Done) {
+        match self.store() {
+            Ok(s) => s.submit_waiting(commit, done),
+            Err(e) => done(Err(e)),
+        }
+    }
+    fn submit_ref_waiting(&self, commit: &Commit, done: Done) {
+        match self.store() {
+            Ok(s) => s.submit_ref_waiting(commit, done),
             Err(e) => done(Err(e)),
         }
     }

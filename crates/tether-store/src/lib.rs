@@ -543,6 +543,21 @@ pub trait Store: Send + Sync + 'static {
     /// borrow before this returns, so nothing big is copied.
     fn submit_ref(&self, commit: &Commit, done: Done);
 
+    /// [`Store::submit`] from a caller that waits for the answer with no
+    /// bound of its own (a command's admission and receipt). A store whose
+    /// writer is idle may apply the commit on the caller's thread before
+    /// this returns, sparing the two thread wake-ups of a hand-off (the
+    /// SQLite store does; docs/PERFORMANCE.md). Never for a wait with a
+    /// deadline, such as an e-stop's latch: a slow disk would hold it.
+    fn submit_waiting(&self, commit: Commit, done: Done) {
+        self.submit(commit, done);
+    }
+
+    /// [`Store::submit_ref`] for a waiting caller ([`Store::submit_waiting`]).
+    fn submit_ref_waiting(&self, commit: &Commit, done: Done) {
+        self.submit_ref(commit, done);
+    }
+
     /// The writer's counters (batches, commits, the largest batch), for
     /// `GET /metrics`; `None` for a store that keeps none. Atomics only.
     fn writer_stats(&self) -> Option<WriterStats> {

@@ -119,8 +119,8 @@ impl SqliteStore {
         reader.pragma_update(None, "query_only", true)?;
         reader.set_prepared_statement_cache_capacity(32);
 
-        let writer = Writer::spawn(SqliteBackend::new(conn, head), "tether-store-writer")?;
-        let checkpointer = Checkpointer::spawn(&path)?;
+        let writer = Writer::spawn_inline(SqliteBackend::new(conn, head), "tether-store-writer")?;
+        let checkpointer = Checkpointer::spawn(&path, writer.idle_gate())?;
         Ok(SqliteStore {
             writer,
             reader: Mutex::new(reader),
@@ -132,6 +132,14 @@ impl SqliteStore {
     /// Path of the database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether a command's waiting commit that finds the writer idle is
+    /// applied on the caller's thread (on by default; [`crate::Store::submit_waiting`]).
+    /// Off, every commit goes through the writer thread: for benchmarks that
+    /// compare the two in one run.
+    pub fn set_inline_commits(&self, on: bool) {
+        self.writer.set_inline(on);
     }
 
     /// Writer counters (batches = transactions = fsyncs).

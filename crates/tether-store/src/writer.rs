@@ -5,6 +5,16 @@
 //! transaction, pays one fsync, and only then answers every caller. Under load
 //! the batch grows with the number of waiting callers, which is what lets
 //! throughput scale past `1 / fsync latency`.
+//!
+//! A lone caller pays for that thread twice: its commit wakes the parked
+//! writer, and the writer's answer wakes the caller's parked thread (about
+//! 40 µs each on an idle virtual CPU here). So a caller that waits for its
+//! commit with no bound of its own may ask for it to be applied on its own
+//! thread ([`Writer::submit_waiting`]): when nothing is queued and no batch
+//! is being applied, it applies a batch of one itself, as the writer thread
+//! would, and everything that arrives meanwhile queues for the writer thread
+//! behind it. Only a backend that allows it ([`Writer::spawn_inline`]) does
+//! this, and never on a single-threaded runtime, whose only thread would stop.
 
 use crate::prepare::{prepare, prepare_owned, Prepared};
 use crate::{Commit, CommitAck, Done, StoreError};
@@ -38,6 +48,8 @@ pub struct WriterStats {
     pub largest_batch: u64,
     /// Times the writer found the queue empty and slept until a commit came.
     pub idle_waits: u64,
+    /// Batches of one applied on the waiting caller's own thread.
+    pub inline_batches: u64,
 }
 
 /// A storage engine driven by the writer thread.
@@ -93,11 +105,28 @@ struct Queue {
     /// The writer is (about to be) parked on the condvar; only then does a
     /// submitter pay for a wake-up syscall.
     writer_waiting: bool,
+    /// A batch is being applied (by the writer thread or by a caller on its
+    /// own thread), or the store's housekeeping holds the writer
+    /// ([`IdleGate`]): nobody else starts one until it is answered.
+    busy: bool,
+    /// Threads waiting in [`IdleGate::when_idle`].
+    idle_waiters: usize,
 }
 
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Wakes [`IdleGate::when_idle`] when a batch ends with nothing queued.
+    idle: Condvar,
+    /// The engine; taken by whoever holds [`Queue::busy`], so never
+    /// contended. `None` once the writer thread has exited.
+    backend: Mutex<Option<Box<dyn Backend>>>,
+    /// Whether a waiting caller may apply its own commit (the backend
+    /// allows it, and nobody turned it off: [`Writer::set_inline`]).
+    inline: std::sync::atomic::AtomicBool,
+    /// Whether the backend allows it at all ([`Writer::spawn_inline`]).
+    inline_allowed: bool,
+    inline_batches: AtomicU64,
     batches: AtomicU64,
     commits: AtomicU64,
     failed_batches: AtomicU64,
@@ -111,6 +140,75 @@ impl Shared {
         // half-way (push/drain are single calls), so a poisoned lock is usable.
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Applies `batch` in one transaction and answers every job in it. The
+    /// caller holds [`Queue::busy`]. A backend that panicked before (its
+    /// lock poisoned) or is gone answers `Closed`: a transaction cut short
+    /// by a panic leaves nothing the next one could trust.
+    fn apply(&self, batch: &mut [Job], results: &mut Vec<Result<CommitAck, StoreError>>) {
+        let n = batch.len() as u64;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.commits.fetch_add(n, Ordering::Relaxed);
+        self.largest_batch.fetch_max(n, Ordering::Relaxed);
+        results.clear();
+        let outcome = match self.backend.lock() {
+            Ok(mut b) => match b.as_mut() {
+                Some(b) => b.apply_batch(batch, now_ms(), results),
+                None => Err(StoreError::Closed),
+            },
+            Err(_) => Err(StoreError::Closed),
+        };
+        match outcome {
+            Ok(()) if results.len() == batch.len() => {
+                for (job, r) in batch.iter_mut().zip(results.drain(..)) {
+                    job.finish(r);
+                }
+            }
+            Ok(()) => {
+                // A backend bug; the batch is committed, but we cannot say
+                // what each commit got, so nobody is told it succeeded.
+                self.failed_batches.fetch_add(1, Ordering::Relaxed);
+                let e = StoreError::Corrupt("store writer lost track of a batch's results".into());
+                for job in batch.iter_mut() {
+                    job.finish(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                self.failed_batches.fetch_add(1, Ordering::Relaxed);
+                for job in batch.iter_mut() {
+                    job.finish(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Ends a batch: frees [`Queue::busy`] and wakes the writer thread if
+    /// commits queued meanwhile and it is parked.
+    fn release(&self) {
+        let mut q = self.lock();
+        q.busy = false;
+        let wake = q.writer_waiting && (!q.jobs.is_empty() || q.closing || q.stopped);
+        let idle = q.idle_waiters > 0 && q.jobs.is_empty();
+        drop(q);
+        if wake {
+            self.wake.notify_one();
+        }
+        if idle {
+            self.idle.notify_all();
+        }
+    }
+}
+
+/// Whether this thread may block for a commit: a plain thread, or a worker
+/// of a multi-threaded runtime (which hands its other tasks to another
+/// thread meanwhile, [`tokio::task::block_in_place`]). A single-threaded
+/// runtime would stop every task it runs.
+fn may_block_here() -> Option<bool> {
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => Some(false),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => Some(true),
+        Ok(_) => None,
+    }
 }
 
 /// Handle to the writer thread; dropping it drains the queue and joins.
@@ -121,15 +219,22 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    fn new_shared(stopped: bool) -> Arc<Shared> {
+    fn new_shared(stopped: bool, backend: Option<Box<dyn Backend>>, inline: bool) -> Arc<Shared> {
         Arc::new(Shared {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 closing: false,
                 stopped,
                 writer_waiting: false,
+                busy: false,
+                idle_waiters: 0,
             }),
             wake: Condvar::new(),
+            idle: Condvar::new(),
+            backend: Mutex::new(backend),
+            inline: std::sync::atomic::AtomicBool::new(inline),
+            inline_allowed: inline,
+            inline_batches: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             failed_batches: AtomicU64::new(0),
@@ -140,11 +245,22 @@ impl Writer {
 
     /// Start the writer thread around `backend`.
     pub(crate) fn spawn<B: Backend>(backend: B, name: &str) -> Result<Writer, StoreError> {
-        let shared = Self::new_shared(false);
+        Self::start(Box::new(backend), name, false)
+    }
+
+    /// [`Writer::spawn`] for a backend whose batches may also be applied on
+    /// a waiting caller's thread ([`Writer::submit_waiting`]): one that does
+    /// not block on an async runtime of its own.
+    pub(crate) fn spawn_inline<B: Backend>(backend: B, name: &str) -> Result<Writer, StoreError> {
+        Self::start(Box::new(backend), name, true)
+    }
+
+    fn start(backend: Box<dyn Backend>, name: &str, inline: bool) -> Result<Writer, StoreError> {
+        let shared = Self::new_shared(false, Some(backend), inline);
         let for_thread = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || run(for_thread, backend))
+            .spawn(move || run(&for_thread))
             .map_err(|e| StoreError::Io(format!("cannot start the store writer thread: {e}")))?;
         let thread_id = Some(handle.thread().id());
         Ok(Writer {
@@ -157,7 +273,7 @@ impl Writer {
     /// A writer that refuses everything with [`StoreError::Closed`].
     pub(crate) fn stopped() -> Writer {
         Writer {
-            shared: Self::new_shared(true),
+            shared: Self::new_shared(true, None, false),
             handle: None,
             thread_id: None,
         }
@@ -165,7 +281,7 @@ impl Writer {
 
     pub(crate) fn submit(&self, commit: &Commit, done: Done) {
         match prepare(commit) {
-            Ok(c) => self.enqueue(c, done),
+            Ok(c) => self.enqueue(c, done, false),
             Err(e) => call_done(done, Err(e)),
         }
     }
@@ -173,12 +289,32 @@ impl Writer {
     /// [`Writer::submit`] for a commit given up: moved, not copied.
     pub(crate) fn submit_owned(&self, commit: Commit, done: Done) {
         match prepare_owned(commit) {
-            Ok(c) => self.enqueue(c, done),
+            Ok(c) => self.enqueue(c, done, false),
             Err(e) => call_done(done, Err(e)),
         }
     }
 
-    fn enqueue(&self, commit: Prepared, done: Done) {
+    /// [`Writer::submit_owned`] from a caller that waits for the answer
+    /// with no bound of its own: when the writer is idle and the backend
+    /// allows it, the commit is applied on this thread before this returns
+    /// (module docs). Never for a wait with a deadline (an e-stop's latch):
+    /// a slow disk would hold the caller past it.
+    pub(crate) fn submit_waiting(&self, commit: Commit, done: Done) {
+        match prepare_owned(commit) {
+            Ok(c) => self.enqueue(c, done, true),
+            Err(e) => call_done(done, Err(e)),
+        }
+    }
+
+    /// [`Writer::submit`] for a waiting caller ([`Writer::submit_waiting`]).
+    pub(crate) fn submit_ref_waiting(&self, commit: &Commit, done: Done) {
+        match prepare(commit) {
+            Ok(c) => self.enqueue(c, done, true),
+            Err(e) => call_done(done, Err(e)),
+        }
+    }
+
+    fn enqueue(&self, commit: Prepared, done: Done, waiting: bool) {
         let mut q = self.shared.lock();
         if q.closing || q.stopped {
             drop(q);
@@ -188,15 +324,64 @@ impl Writer {
             drop(q);
             return call_done(done, Err(StoreError::Overloaded));
         }
-        q.jobs.push_back(Job {
+        let job = Job {
             commit,
             done: Some(done),
-        });
+        };
+        let inline = waiting && self.shared.inline.load(Ordering::Relaxed);
+        if inline && q.jobs.is_empty() && !q.busy {
+            if let Some(in_runtime) = may_block_here() {
+                q.busy = true;
+                drop(q);
+                return self.apply_here(job, in_runtime);
+            }
+        }
+        q.jobs.push_back(job);
         let wake = q.writer_waiting;
         drop(q);
         if wake {
             self.shared.wake.notify_one();
         }
+    }
+
+    /// Applies `job` as a batch of one on this thread; the caller took
+    /// [`Queue::busy`]. A panic in the backend stops the writer as one on
+    /// its own thread would: every queued commit is answered `Closed`.
+    fn apply_here(&self, job: Job, in_runtime: bool) {
+        let shared = &self.shared;
+        shared.inline_batches.fetch_add(1, Ordering::Relaxed);
+        let apply = move || {
+            let mut batch = [job];
+            let mut results = Vec::with_capacity(1);
+            catch_unwind(AssertUnwindSafe(|| shared.apply(&mut batch, &mut results))).is_ok()
+        };
+        let applied = if in_runtime {
+            tokio::task::block_in_place(apply)
+        } else {
+            apply()
+        };
+        if !applied {
+            let left: Vec<Job> = {
+                let mut q = shared.lock();
+                q.stopped = true;
+                q.jobs.drain(..).collect()
+            };
+            drop(left);
+        }
+        shared.release();
+    }
+
+    /// A handle that runs housekeeping while no commit is being applied
+    /// ([`IdleGate::when_idle`]).
+    pub(crate) fn idle_gate(&self) -> IdleGate {
+        IdleGate(Arc::clone(&self.shared))
+    }
+
+    /// Turns off (or back on, for a backend that allows it) the batches
+    /// applied on a waiting caller's thread: benchmarks compare the two.
+    pub(crate) fn set_inline(&self, on: bool) {
+        let on = on && self.shared.inline_allowed;
+        self.shared.inline.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn stats(&self) -> WriterStats {
@@ -207,6 +392,7 @@ impl Writer {
             failed_batches: s.failed_batches.load(Ordering::Relaxed),
             largest_batch: s.largest_batch.load(Ordering::Relaxed),
             idle_waits: s.idle_waits.load(Ordering::Relaxed),
+            inline_batches: s.inline_batches.load(Ordering::Relaxed),
         }
     }
 }
@@ -227,6 +413,60 @@ impl Drop for Writer {
     }
 }
 
+/// Runs the store's housekeeping between batches: while it runs, no commit
+/// is applied, and commits queue for the writer thread. SQLite's checkpoint
+/// uses it: a checkpoint that no commit overlaps copies the whole WAL back,
+/// so the next commit starts the WAL again from its beginning, overwriting
+/// what is there instead of growing the file (a write that grows the file
+/// makes its `fdatasync` flush the file's size too: a second flush).
+#[derive(Clone)]
+pub(crate) struct IdleGate(Arc<Shared>);
+
+impl IdleGate {
+    /// Runs `f` once the writer is idle (nothing queued, no batch being
+    /// applied), holding it idle meanwhile; `None`, without running `f`,
+    /// when it does not become idle within `wait` or has stopped.
+    pub(crate) fn when_idle<R>(
+        &self,
+        wait: std::time::Duration,
+        f: impl FnOnce() -> R,
+    ) -> Option<R> {
+        let shared = &self.0;
+        let deadline = std::time::Instant::now() + wait;
+        let mut q = shared.lock();
+        loop {
+            if q.stopped || q.closing {
+                return None;
+            }
+            if !q.busy && q.jobs.is_empty() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            q.idle_waiters += 1;
+            let (guard, _) = shared
+                .idle
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner());
+            q = guard;
+            q.idle_waiters -= 1;
+        }
+        q.busy = true;
+        drop(q);
+        // A panic in `f` must still free the writer.
+        struct Release<'a>(&'a Shared);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.release();
+            }
+        }
+        let _release = Release(shared);
+        Some(f())
+    }
+}
+
 /// Marks the writer stopped when its thread exits, normally or by panic, and
 /// answers whatever is still queued with `Closed` (via `Job::drop`).
 struct StopGuard(Arc<Shared>);
@@ -239,6 +479,13 @@ impl Drop for StopGuard {
             q.jobs.drain(..).collect()
         };
         drop(left);
+        // The engine closes here, on the writer thread, as it always did;
+        // nobody holds `busy` once the queue is stopped and drained.
+        let backend = match self.0.backend.lock() {
+            Ok(mut b) => b.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        drop(backend);
     }
 }
 
@@ -249,58 +496,281 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn run<B: Backend>(shared: Arc<Shared>, mut backend: B) {
-    let _guard = StopGuard(Arc::clone(&shared));
+fn run(shared: &Arc<Shared>) {
+    let _guard = StopGuard(Arc::clone(shared));
     let mut batch: Vec<Job> = Vec::with_capacity(256);
     let mut results: Vec<Result<CommitAck, StoreError>> = Vec::with_capacity(256);
     loop {
         {
             let mut q = shared.lock();
-            // Park until there is work; exit once shutdown is requested and
-            // the queue is drained.
+            // Park until there is work and nobody else is applying a batch;
+            // exit once shutdown is requested and the queue is drained, or
+            // at once when a batch applied on a caller's thread panicked.
             if q.jobs.is_empty() && !q.closing {
                 shared.idle_waits.fetch_add(1, Ordering::Relaxed);
             }
-            while q.jobs.is_empty() {
-                if q.closing {
+            while q.jobs.is_empty() || q.busy {
+                if q.stopped || (q.closing && q.jobs.is_empty() && !q.busy) {
                     return;
                 }
                 q.writer_waiting = true;
                 q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
                 q.writer_waiting = false;
             }
+            if q.stopped {
+                return;
+            }
+            q.busy = true;
             let n = q.jobs.len().min(MAX_BATCH_COMMITS);
             batch.extend(q.jobs.drain(..n));
         }
-
-        let n = batch.len() as u64;
-        shared.batches.fetch_add(1, Ordering::Relaxed);
-        shared.commits.fetch_add(n, Ordering::Relaxed);
-        shared.largest_batch.fetch_max(n, Ordering::Relaxed);
-
-        results.clear();
-        match backend.apply_batch(&batch, now_ms(), &mut results) {
-            Ok(()) if results.len() == batch.len() => {
-                for (job, r) in batch.iter_mut().zip(results.drain(..)) {
-                    job.finish(r);
-                }
-            }
-            Ok(()) => {
-                // A backend bug; the batch is committed, but we cannot say
-                // what each commit got, so nobody is told it succeeded.
-                shared.failed_batches.fetch_add(1, Ordering::Relaxed);
-                let e = StoreError::Corrupt("store writer lost track of a batch's results".into());
-                for job in batch.iter_mut() {
-                    job.finish(Err(e.clone()));
-                }
-            }
-            Err(e) => {
-                shared.failed_batches.fetch_add(1, Ordering::Relaxed);
-                for job in batch.iter_mut() {
-                    job.finish(Err(e.clone()));
-                }
-            }
-        }
+        shared.apply(&mut batch, &mut results);
         batch.clear();
+        shared.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Commit;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Answers every commit, noting the thread it ran on; panics when told.
+    struct Probe {
+        threads: Arc<Mutex<Vec<ThreadId>>>,
+        panic_next: Arc<AtomicBool>,
+        delay: Duration,
+    }
+
+    impl Backend for Probe {
+        fn apply_batch(
+            &mut self,
+            batch: &[Job],
+            _ts_ms: u64,
+            results: &mut Vec<Result<CommitAck, StoreError>>,
+        ) -> Result<(), StoreError> {
+            assert!(
+                !self.panic_next.swap(false, Ordering::SeqCst),
+                "a backend that panics"
+            );
+            std::thread::sleep(self.delay);
+            for _ in batch {
+                self.threads
+                    .lock()
+                    .unwrap()
+                    .push(std::thread::current().id());
+                results.push(Ok(CommitAck {
+                    first_seq: 1,
+                    last_seq: 0,
+                    head_hash: String::new(),
+                }));
+            }
+            Ok(())
+        }
+    }
+
+    struct Rig {
+        writer: Writer,
+        threads: Arc<Mutex<Vec<ThreadId>>>,
+        panic_next: Arc<AtomicBool>,
+    }
+
+    fn rig(inline: bool, delay: Duration) -> Rig {
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let panic_next = Arc::new(AtomicBool::new(false));
+        let probe = Probe {
+            threads: Arc::clone(&threads),
+            panic_next: Arc::clone(&panic_next),
+            delay,
+        };
+        let writer = if inline {
+            Writer::spawn_inline(probe, "probe-writer").unwrap()
+        } else {
+            Writer::spawn(probe, "probe-writer").unwrap()
+        };
+        Rig {
+            writer,
+            threads,
+            panic_next,
+        }
+    }
+
+    /// Submits a waiting commit; whether it was answered before `submit`
+    /// returned, and the answer.
+    fn submit_waiting(w: &Writer) -> (bool, Result<CommitAck, StoreError>) {
+        let (tx, rx) = mpsc::channel();
+        w.submit_waiting(Commit::default(), Box::new(move |r| tx.send(r).unwrap()));
+        let at_once = rx.try_recv();
+        let answered = at_once.is_ok();
+        let r = at_once.or_else(|_| rx.recv_timeout(Duration::from_secs(10)));
+        (answered, r.expect("answered"))
+    }
+
+    #[test]
+    fn an_idle_writer_lets_a_waiting_caller_apply_its_commit_on_its_own_thread() {
+        let r = rig(true, Duration::ZERO);
+        let (at_once, answer) = submit_waiting(&r.writer);
+        assert!(at_once && answer.is_ok(), "{answer:?}");
+        assert_eq!(r.threads.lock().unwrap()[0], std::thread::current().id());
+        assert_eq!(r.writer.stats().inline_batches, 1);
+        // A plain submit still goes to the writer thread.
+        let (tx, rx) = mpsc::channel();
+        r.writer
+            .submit(&Commit::default(), Box::new(move |a| tx.send(a).unwrap()));
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap().is_ok());
+        assert_ne!(r.threads.lock().unwrap()[1], std::thread::current().id());
+        assert_eq!(r.writer.stats().inline_batches, 1);
+    }
+
+    #[test]
+    fn a_backend_that_does_not_allow_it_keeps_every_commit_on_the_writer_thread() {
+        let r = rig(false, Duration::ZERO);
+        let (_, answer) = submit_waiting(&r.writer);
+        assert!(answer.is_ok());
+        assert_ne!(r.threads.lock().unwrap()[0], std::thread::current().id());
+        assert_eq!(r.writer.stats().inline_batches, 0);
+    }
+
+    #[test]
+    fn a_single_threaded_runtime_never_blocks_for_a_commit() {
+        let r = rig(true, Duration::ZERO);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (at_once, answer) = rt.block_on(async { submit_waiting(&r.writer) });
+        assert!(answer.is_ok());
+        assert!(!at_once || r.writer.stats().inline_batches == 0);
+        assert_eq!(r.writer.stats().inline_batches, 0);
+        assert_ne!(r.threads.lock().unwrap()[0], std::thread::current().id());
+    }
+
+    #[test]
+    fn on_a_multi_threaded_runtime_the_worker_applies_it_and_other_tasks_go_on() {
+        let r = rig(true, Duration::from_millis(200));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        let writer = Arc::new(r.writer);
+        let w = Arc::clone(&writer);
+        rt.block_on(async move {
+            // A task that must keep running while a worker blocks on a commit.
+            let ticks = Arc::new(AtomicU64::new(0));
+            let t = Arc::clone(&ticks);
+            let ticker = tokio::spawn(async move {
+                for _ in 0..10 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    t.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            let commit = tokio::spawn(async move { submit_waiting(&w) });
+            let (at_once, answer) = commit.await.unwrap();
+            assert!(at_once && answer.is_ok(), "{answer:?}");
+            ticker.await.unwrap();
+            assert_eq!(ticks.load(Ordering::SeqCst), 10);
+        });
+        assert_eq!(writer.stats().inline_batches, 1);
+    }
+
+    #[test]
+    fn commits_queued_behind_a_caller_s_batch_go_to_the_writer_thread_in_order() {
+        let r = rig(true, Duration::from_millis(100));
+        let writer = Arc::new(r.writer);
+        let w = Arc::clone(&writer);
+        let leader = std::thread::spawn(move || submit_waiting(&w));
+        // Wait until the leader holds the batch, then queue behind it.
+        let t0 = std::time::Instant::now();
+        while writer.stats().inline_batches == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10));
+            std::thread::yield_now();
+        }
+        let mut rxs = Vec::new();
+        for _ in 0..5 {
+            let (tx, rx) = mpsc::channel();
+            // Waiting or not: the writer is busy, so both queue.
+            writer.submit_waiting(Commit::default(), Box::new(move |a| tx.send(a).unwrap()));
+            rxs.push(rx);
+        }
+        let (at_once, answer) = leader.join().unwrap();
+        assert!(at_once && answer.is_ok());
+        for rx in rxs {
+            assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap().is_ok());
+        }
+        let threads = r.threads.lock().unwrap().clone();
+        assert_eq!(threads.len(), 6);
+        // The five queued ones ran together on the writer thread, after.
+        assert!(threads[1..].iter().all(|t| *t == threads[1]));
+        assert_ne!(threads[0], threads[1]);
+        assert_eq!(writer.stats().inline_batches, 1);
+        assert_eq!(writer.stats().batches, 2);
+    }
+
+    #[test]
+    fn a_panic_in_a_caller_s_batch_stops_the_writer_and_answers_closed() {
+        let r = rig(true, Duration::ZERO);
+        r.panic_next.store(true, Ordering::SeqCst);
+        let (at_once, answer) = submit_waiting(&r.writer);
+        assert!(at_once);
+        assert_eq!(answer, Err(StoreError::Closed));
+        for _ in 0..2 {
+            let (_, answer) = submit_waiting(&r.writer);
+            assert_eq!(answer, Err(StoreError::Closed));
+        }
+        let (tx, rx) = mpsc::channel();
+        r.writer
+            .submit(&Commit::default(), Box::new(move |a| tx.send(a).unwrap()));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Err(StoreError::Closed)
+        );
+        drop(r.writer); // joins the writer thread, which has exited
+    }
+
+    #[test]
+    fn housekeeping_runs_between_batches_and_commits_wait_for_it() {
+        let r = rig(true, Duration::ZERO);
+        let gate = r.writer.idle_gate();
+        let writer = Arc::new(r.writer);
+        let w = Arc::clone(&writer);
+        let (tx, rx) = mpsc::channel();
+        let ran = gate.when_idle(Duration::from_secs(1), || {
+            // Held idle: a commit submitted now queues, even a waiting one,
+            // and is not applied until the housekeeping ends.
+            let t = std::thread::spawn(move || {
+                w.submit_waiting(Commit::default(), Box::new(move |a| tx.send(a).unwrap()));
+            });
+            t.join().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(r.threads.lock().unwrap().is_empty(), "applied while held");
+            7
+        });
+        assert_eq!(ran, Some(7));
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap().is_ok());
+        assert_eq!(writer.stats().inline_batches, 0);
+    }
+
+    #[test]
+    fn housekeeping_gives_up_when_the_writer_stays_busy() {
+        let r = rig(true, Duration::from_millis(300));
+        let gate = r.writer.idle_gate();
+        let (tx, rx) = mpsc::channel();
+        r.writer
+            .submit(&Commit::default(), Box::new(move |a| tx.send(a).unwrap()));
+        // Let the writer thread take the batch.
+        let t0 = std::time::Instant::now();
+        while r.writer.stats().batches == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10));
+            std::thread::yield_now();
+        }
+        assert_eq!(gate.when_idle(Duration::from_millis(20), || ()), None);
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap().is_ok());
+        // Idle again: it runs.
+        assert_eq!(gate.when_idle(Duration::from_secs(1), || 1), Some(1));
+        drop(r.writer);
+        assert_eq!(gate.when_idle(Duration::from_millis(20), || ()), None);
     }
 }

@@ -275,7 +275,7 @@ impl Kernel {
         mut commit: Commit,
     ) -> Result<CommitAck, StoreError> {
         let boarded = ctx.rider.as_ref().and_then(|r| r.board(&mut commit));
-        let durable = self.commit(commit).await;
+        let durable = self.commit_waiting(commit).await;
         Boarded::land_opt(boarded, &durable);
         durable
     }
@@ -287,7 +287,7 @@ impl Kernel {
         commit: &mut Commit,
     ) -> Result<CommitAck, StoreError> {
         let boarded = ctx.rider.as_ref().and_then(|r| r.board(commit));
-        let durable = self.commit_ref(commit).await;
+        let durable = self.commit_ref_waiting(commit).await;
         Boarded::land_opt(boarded, &durable);
         durable
     }

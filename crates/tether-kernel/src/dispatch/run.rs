@@ -193,20 +193,19 @@ impl Kernel {
         let kernel = self.clone();
         let op = op_id.to_owned();
         let device = self.device_index(dev.id());
-        let span = crate::order::step_span("driver");
-        let mut call = Box::pin(
-            async move {
-                let r = driver.call(auth, task_cancel).await;
-                kernel.unregister_op(&op);
-                if matches!(&r, Err(s) if !matches!(s, Signal::Cancelled)) {
-                    if let Some(d) = device {
-                        kernel.inner.meters.driver_error(d);
-                    }
+        // The call's mark goes with it, into a task of its own if need be.
+        let stage = crate::stages::enter("driver");
+        let mut call = Box::pin(async move {
+            let _stage = stage;
+            let r = driver.call(auth, task_cancel).await;
+            kernel.unregister_op(&op);
+            if matches!(&r, Err(s) if !matches!(s, Signal::Cancelled)) {
+                if let Some(d) = device {
+                    kernel.inner.meters.driver_error(d);
                 }
-                r
             }
-            .instrument(span),
-        );
+            r
+        });
         // A call that finishes at once (a simulated setpoint) is answered
         // without a task of its own: a spawn and two wake-ups across threads
         // were most of one caller's whole command on the memory store.
@@ -221,7 +220,7 @@ impl Kernel {
         // Pending: the call moves to its own task, whose first poll registers
         // the task's own waker (a future wakes only the waker of its latest
         // poll), so the caller can leave it behind at the deadline.
-        let mut handle = tokio::spawn(call);
+        let mut handle = tokio::spawn(call.in_current_span()); // logs keep the command's span
         let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
         // A non-abortable call is not stopped by an interlock that opens:
         // Tether cannot abort it, so it ends within its lease or duration

@@ -190,7 +190,7 @@ impl Kernel {
             .rider
             .as_ref()
             .and_then(|r| r.board_keeping(&mut commit));
-        let durable = self.commit(commit).await;
+        let durable = self.commit_waiting(commit).await;
         if let Some(kept) = kept {
             if matches!(durable, Err(StoreError::BudgetExceeded(_))) {
                 kept.put_back();

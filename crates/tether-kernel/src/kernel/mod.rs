@@ -44,7 +44,6 @@ use tether_core::manifest::Concurrency;
 use tether_core::Code;
 use tether_limits::budget::Ledger;
 use tether_store::{Commit, CommitAck, Store, StoreError};
-use tracing::Instrument;
 
 /// What every clone of a [`Kernel`] shares.
 pub(crate) struct Inner {
@@ -131,19 +130,32 @@ impl Kernel {
 
     /// Commits and waits (asynchronously) until durable.
     pub(crate) async fn commit(&self, commit: Commit) -> Result<CommitAck, StoreError> {
+        self.commit_owned(commit, false).await
+    }
+
+    /// [`Kernel::commit`] for a wait with no bound of its own (a command's
+    /// admission and receipt): an idle store may apply it on this thread
+    /// ([`Store::submit_waiting`]), sparing two thread wake-ups. Never for
+    /// a commit awaited under a deadline.
+    pub(crate) async fn commit_waiting(&self, commit: Commit) -> Result<CommitAck, StoreError> {
+        self.commit_owned(commit, true).await
+    }
+
+    async fn commit_owned(&self, commit: Commit, waiting: bool) -> Result<CommitAck, StoreError> {
         // Given up to the store, which moves what it can instead of copying.
         let (tx, rx) = tokio::sync::oneshot::channel();
         let t0 = self.submitting();
-        self.inner.store.submit(
-            commit,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        let r = rx
-            .instrument(tracing::info_span!("tether.commit"))
-            .await
-            .unwrap_or(Err(StoreError::Closed));
+        let stage = crate::stages::enter("tether.commit");
+        let done: tether_store::Done = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        if waiting {
+            self.inner.store.submit_waiting(commit, done);
+        } else {
+            self.inner.store.submit(commit, done);
+        }
+        let r = rx.await.unwrap_or(Err(StoreError::Closed));
+        drop(stage);
         self.committed(t0, &r);
         r
     }
@@ -170,18 +182,36 @@ impl Kernel {
     /// [`Kernel::commit`] for a commit the caller still needs afterwards (it
     /// takes a document back out of it): serialised from the borrow.
     pub(crate) async fn commit_ref(&self, commit: &Commit) -> Result<CommitAck, StoreError> {
+        self.commit_borrowed(commit, false).await
+    }
+
+    /// [`Kernel::commit_ref`] for a wait with no bound of its own
+    /// ([`Kernel::commit_waiting`]).
+    pub(crate) async fn commit_ref_waiting(
+        &self,
+        commit: &Commit,
+    ) -> Result<CommitAck, StoreError> {
+        self.commit_borrowed(commit, true).await
+    }
+
+    async fn commit_borrowed(
+        &self,
+        commit: &Commit,
+        waiting: bool,
+    ) -> Result<CommitAck, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let t0 = self.submitting();
-        self.inner.store.submit_ref(
-            commit,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        let r = rx
-            .instrument(tracing::info_span!("tether.commit"))
-            .await
-            .unwrap_or(Err(StoreError::Closed));
+        let stage = crate::stages::enter("tether.commit");
+        let done: tether_store::Done = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        if waiting {
+            self.inner.store.submit_ref_waiting(commit, done);
+        } else {
+            self.inner.store.submit_ref(commit, done);
+        }
+        let r = rx.await.unwrap_or(Err(StoreError::Closed));
+        drop(stage);
         self.committed(t0, &r);
         r
     }

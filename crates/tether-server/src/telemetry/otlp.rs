@@ -16,17 +16,24 @@
 //! call a span's end makes is a non-blocking offer.
 
 use crate::metrics::{SPANS_DROPPED, SPANS_EXPORTED};
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+use opentelemetry::KeyValue;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SdkTracerProvider, SpanData, SpanEvents, SpanExporter,
+    SpanLinks, SpanProcessor,
+};
 use opentelemetry_sdk::Resource;
+use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tether_kernel::stages;
 
 /// Most spans in one export request.
 const BATCH_MAX: usize = 512;
@@ -248,7 +255,9 @@ impl SpanProcessor for BoundedExport {
 /// Gathers batches (up to [`BATCH_MAX`] spans or [`BATCH_WAIT`]) and sends
 /// each once; ends when told or when the processor is gone.
 fn export_loop(rx: &Receiver<Msg>, exporter: &Mutex<opentelemetry_otlp::SpanExporter>) {
-    let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH_MAX);
+    // A batch may pass BATCH_MAX by one command's stages (at most MARKS_MAX).
+    let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH_MAX + stages::MARKS_MAX);
+    let ids = RandomIdGenerator::default();
     loop {
         let deadline = Instant::now() + BATCH_WAIT;
         let mut flush = None;
@@ -256,7 +265,7 @@ fn export_loop(rx: &Receiver<Msg>, exporter: &Mutex<opentelemetry_otlp::SpanExpo
         while batch.len() < BATCH_MAX {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(Msg::Span(s)) => batch.push(*s),
+                Ok(Msg::Span(s)) => expand(*s, &ids, &mut batch),
                 Ok(Msg::Flush(done)) => {
                     flush = Some(done);
                     break;
@@ -277,6 +286,67 @@ fn export_loop(rx: &Receiver<Msg>, exporter: &Mutex<opentelemetry_otlp::SpanExpo
         if stop {
             return;
         }
+    }
+}
+
+/// Adds `span` to `batch`, and when it is a command's span carrying its
+/// stage table ([`stages::FIELD`]), the table's marks as its child spans
+/// (built here, on the export thread, so a traced command pays two clock
+/// reads a stage instead of a span a stage). The table itself is not
+/// exported; one that does not decode gives no child.
+fn expand(mut span: SpanData, ids: &RandomIdGenerator, batch: &mut Vec<SpanData>) {
+    let Some(at) = span
+        .attributes
+        .iter()
+        .position(|kv| kv.key.as_str() == stages::FIELD)
+    else {
+        batch.push(span);
+        return;
+    };
+    let table = span.attributes.swap_remove(at);
+    let marks = stages::decode(&table.value.as_str()).unwrap_or_default();
+    let mut made: Vec<SpanId> = Vec::with_capacity(marks.len());
+    for m in &marks {
+        let id = ids.new_span_id();
+        let parent = m
+            .parent
+            .and_then(|p| made.get(p).copied())
+            .unwrap_or(span.span_context.span_id());
+        made.push(id);
+        batch.push(stage_span(&span, m, id, parent));
+    }
+    batch.push(span);
+}
+
+/// The child span of `command` for its stage `m`.
+fn stage_span(command: &SpanData, m: &stages::Mark, id: SpanId, parent: SpanId) -> SpanData {
+    let cx = &command.span_context;
+    let at = |ns: u64| command.start_time + Duration::from_nanos(ns);
+    let attributes = if m.name == "tether.commit" {
+        Vec::new()
+    } else {
+        vec![KeyValue::new("step", m.name)]
+    };
+    SpanData {
+        span_context: SpanContext::new(
+            cx.trace_id(),
+            id,
+            cx.trace_flags(),
+            false,
+            cx.trace_state().clone(),
+        ),
+        parent_span_id: parent,
+        parent_span_is_remote: false,
+        span_kind: SpanKind::Internal,
+        name: Cow::Borrowed(m.name),
+        start_time: at(m.start_ns),
+        end_time: at(m.end_ns),
+        attributes,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status: Status::Unset,
+        instrumentation_scope: command.instrumentation_scope.clone(),
     }
 }
 
@@ -357,6 +427,104 @@ impl BlockingHttp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn command_span(table: &str) -> SpanData {
+        let cx = SpanContext::new(
+            opentelemetry::trace::TraceId::from(7u128),
+            SpanId::from(9u64),
+            opentelemetry::trace::TraceFlags::SAMPLED,
+            false,
+            opentelemetry::trace::TraceState::default(),
+        );
+        let start = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        SpanData {
+            span_context: cx,
+            parent_span_id: SpanId::from(3u64),
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: Cow::Borrowed("tether.command"),
+            start_time: start,
+            end_time: start + Duration::from_micros(50),
+            attributes: vec![
+                KeyValue::new("device", "thermostat-1"),
+                KeyValue::new(stages::FIELD, table.to_owned()),
+            ],
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: opentelemetry::InstrumentationScope::builder("tether").build(),
+        }
+    }
+
+    #[test]
+    fn a_command_span_s_stage_table_becomes_its_child_spans_on_the_export_thread() {
+        // checks (4) holds policy (5); dispatch (6) holds driver (7).
+        let table = "0 - 100 200;4 - 300 900;5 1 400 800;6 - 1000 5000;7 3 1100 4000";
+        let mut batch = Vec::new();
+        expand(
+            command_span(table),
+            &RandomIdGenerator::default(),
+            &mut batch,
+        );
+        let names: Vec<&str> = batch.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(
+            names,
+            [
+                "arrive",
+                "checks",
+                "policy",
+                "dispatch",
+                "driver",
+                "tether.command"
+            ]
+        );
+        let command = &batch[5];
+        assert!(
+            command
+                .attributes
+                .iter()
+                .all(|kv| kv.key.as_str() != stages::FIELD),
+            "the table itself is not exported"
+        );
+        assert_eq!(command.attributes.len(), 1);
+        let id = |i: usize| batch[i].span_context.span_id();
+        let cmd = command.span_context.span_id();
+        let parents: Vec<SpanId> = batch[..5].iter().map(|s| s.parent_span_id).collect();
+        assert_eq!(parents, [cmd, cmd, id(1), cmd, id(3)]);
+        for s in &batch[..5] {
+            assert_eq!(s.span_context.trace_id(), command.span_context.trace_id());
+            assert!(s.span_context.is_sampled());
+            assert_ne!(s.span_context.span_id(), cmd);
+            assert_eq!(
+                s.attributes,
+                vec![KeyValue::new("step", s.name.clone().into_owned())]
+            );
+        }
+        assert_eq!(
+            batch[2].start_time,
+            command.start_time + Duration::from_nanos(400)
+        );
+        assert_eq!(
+            batch[4].end_time,
+            command.start_time + Duration::from_nanos(4000)
+        );
+    }
+
+    #[test]
+    fn a_table_that_does_not_decode_gives_the_command_span_alone() {
+        for bad in ["99 - 1 2", "0 0 1 2", "garbage"] {
+            let mut batch = Vec::new();
+            expand(command_span(bad), &RandomIdGenerator::default(), &mut batch);
+            assert_eq!(batch.len(), 1, "{bad:?}");
+            assert_eq!(batch[0].attributes.len(), 1, "{bad:?}");
+        }
+        let mut batch = Vec::new();
+        let mut plain = command_span("");
+        plain.attributes.truncate(1);
+        expand(plain.clone(), &RandomIdGenerator::default(), &mut batch);
+        assert_eq!(batch, vec![plain]);
+    }
 
     #[test]
     fn an_endpoint_without_a_path_sends_to_v1_traces() {

@@ -36,6 +36,14 @@ impl Store for SqliteStore {
         self.writer.submit(commit, done);
     }
 
+    fn submit_waiting(&self, commit: Commit, done: Done) {
+        self.writer.submit_waiting(commit, done);
+    }
+
+    fn submit_ref_waiting(&self, commit: &Commit, done: Done) {
+        self.writer.submit_ref_waiting(commit, done);
+    }
+
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
         let conn = self.read();
         // LEFT JOIN: a receipt whose entry was archived keeps its document
