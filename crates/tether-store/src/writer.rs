@@ -350,15 +350,29 @@ impl Writer {
     fn apply_here(&self, job: Job, in_runtime: bool) {
         let shared = &self.shared;
         shared.inline_batches.fetch_add(1, Ordering::Relaxed);
-        let apply = move || {
-            let mut batch = [job];
+        let mut job = Some(job);
+        // `None` once the job is gone: it was applied (or answered) before.
+        let mut apply = || -> Option<bool> {
+            let mut batch: Vec<Job> = job.take().into_iter().collect();
+            if batch.is_empty() {
+                return None;
+            }
             let mut results = Vec::with_capacity(1);
-            catch_unwind(AssertUnwindSafe(|| shared.apply(&mut batch, &mut results))).is_ok()
+            Some(catch_unwind(AssertUnwindSafe(|| shared.apply(&mut batch, &mut results))).is_ok())
         };
-        let applied = if in_runtime {
-            tokio::task::block_in_place(apply)
+        let first = if in_runtime {
+            // tokio refuses to block in place on a thread that runs another
+            // runtime's `block_on` (it panics before calling `apply`); the
+            // commit is then applied here all the same.
+            catch_unwind(AssertUnwindSafe(|| tokio::task::block_in_place(&mut apply)))
+                .ok()
+                .flatten()
         } else {
             apply()
+        };
+        let applied = match first {
+            Some(ok) => ok,
+            None => apply().unwrap_or(true),
         };
         if !applied {
             let left: Vec<Job> = {
@@ -645,6 +659,29 @@ mod tests {
         assert!(!at_once || r.writer.stats().inline_batches == 0);
         assert_eq!(r.writer.stats().inline_batches, 0);
         assert_ne!(r.threads.lock().unwrap()[0], std::thread::current().id());
+    }
+
+    #[test]
+    fn a_thread_tokio_will_not_let_block_in_place_still_applies_it_there() {
+        // A single-threaded runtime's `block_on` with a multi-threaded
+        // runtime's handle entered: tokio panics in `block_in_place` there.
+        let r = rig(true, Duration::ZERO);
+        let mt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let ct = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (at_once, answer) = ct.block_on(async {
+            let _entered = mt.handle().enter();
+            submit_waiting(&r.writer)
+        });
+        assert!(at_once && answer.is_ok(), "{answer:?}");
+        assert_eq!(r.writer.stats().inline_batches, 1);
+        // The writer goes on.
+        let (_, answer) = submit_waiting(&r.writer);
+        assert!(answer.is_ok());
     }
 
     #[test]

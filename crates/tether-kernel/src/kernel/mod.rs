@@ -179,37 +179,22 @@ impl Kernel {
         self.inner.store_health.observe(r);
     }
 
-    /// [`Kernel::commit`] for a commit the caller still needs afterwards (it
-    /// takes a document back out of it): serialised from the borrow.
-    pub(crate) async fn commit_ref(&self, commit: &Commit) -> Result<CommitAck, StoreError> {
-        self.commit_borrowed(commit, false).await
-    }
-
-    /// [`Kernel::commit_ref`] for a wait with no bound of its own
-    /// ([`Kernel::commit_waiting`]).
+    /// [`Kernel::commit_waiting`] for a commit the caller still needs
+    /// afterwards (it takes a document back out of it): serialised from the
+    /// borrow.
     pub(crate) async fn commit_ref_waiting(
         &self,
         commit: &Commit,
     ) -> Result<CommitAck, StoreError> {
-        self.commit_borrowed(commit, true).await
-    }
-
-    async fn commit_borrowed(
-        &self,
-        commit: &Commit,
-        waiting: bool,
-    ) -> Result<CommitAck, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let t0 = self.submitting();
         let stage = crate::stages::enter("tether.commit");
-        let done: tether_store::Done = Box::new(move |r| {
-            let _ = tx.send(r);
-        });
-        if waiting {
-            self.inner.store.submit_ref_waiting(commit, done);
-        } else {
-            self.inner.store.submit_ref(commit, done);
-        }
+        self.inner.store.submit_ref_waiting(
+            commit,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
         let r = rx.await.unwrap_or(Err(StoreError::Closed));
         drop(stage);
         self.committed(t0, &r);
