@@ -69,6 +69,15 @@ impl DeferredStore {
             .unwrap_or_else(|_| "the evidence store is not open".into())
     }
 
+    /// Hands a commit to the seated store, or answers `done` with why
+    /// there is none yet.
+    fn seated_or_refuse(&self, done: Done, submit: impl FnOnce(&dyn Store, Done)) {
+        match self.store() {
+            Ok(s) => submit(s.as_ref(), done),
+            Err(e) => done(Err(e)),
+        }
+    }
+
     fn store(&self) -> Result<&Arc<dyn Store>, StoreError> {
         self.seated.get().ok_or_else(|| {
             StoreError::Io(format!("the evidence store is not open: {}", self.why()))
@@ -78,28 +87,16 @@ impl DeferredStore {
 
 impl Store for DeferredStore {
     fn submit(&self, commit: Commit, done: Done) {
-        match self.store() {
-            Ok(s) => s.submit(commit, done),
-            Err(e) => done(Err(e)),
-        }
+        self.seated_or_refuse(done, |s, done| s.submit(commit, done));
     }
     fn submit_ref(&self, commit: &Commit, done: Done) {
-        match self.store() {
-            Ok(s) => s.submit_ref(commit, done),
-            Err(e) => done(Err(e)),
-        }
+        self.seated_or_refuse(done, |s, done| s.submit_ref(commit, done));
     }
     fn submit_waiting(&self, commit: Commit, done: Done) {
-        match self.store() {
-            Ok(s) => s.submit_waiting(commit, done),
-            Err(e) => done(Err(e)),
-        }
+        self.seated_or_refuse(done, |s, done| s.submit_waiting(commit, done));
     }
     fn submit_ref_waiting(&self, commit: &Commit, done: Done) {
-        match self.store() {
-            Ok(s) => s.submit_ref_waiting(commit, done),
-            Err(e) => done(Err(e)),
-        }
+        self.seated_or_refuse(done, |s, done| s.submit_ref_waiting(commit, done));
     }
     fn writer_stats(&self) -> Option<crate::WriterStats> {
         self.seated.get().and_then(|s| s.writer_stats())

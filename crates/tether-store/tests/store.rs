@@ -524,28 +524,33 @@ fn upserts_and_ordering() {
     });
 }
 
+/// `threads` × `per_thread` commits, each thread its own, made by
+/// `commit(thread, i)`; every answer.
+fn from_threads(
+    threads: usize,
+    per_thread: usize,
+    commit: impl Fn(usize, usize) -> CommitAck + Sync,
+) -> Vec<CommitAck> {
+    std::thread::scope(|scope| {
+        let commit = &commit;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| scope.spawn(move || (0..per_thread).map(|i| commit(t, i)).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect()
+    })
+}
+
 #[test]
 fn concurrent_submitters_get_contiguous_seqs() {
     both(|s| {
         const THREADS: usize = 16;
         const PER_THREAD: usize = 100;
-        let acks: Vec<CommitAck> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    scope.spawn(move || {
-                        (0..PER_THREAD)
-                            .map(|i| {
-                                let id = format!("t{t}-{i}");
-                                s.commit_blocking(full_commit(&id)).expect("commit")
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().expect("thread"))
-                .collect()
+        let acks = from_threads(THREADS, PER_THREAD, |t, i| {
+            s.commit_blocking(full_commit(&format!("t{t}-{i}")))
+                .expect("commit")
         });
         let mut ranges: Vec<(u64, u64)> = acks.iter().map(|a| (a.first_seq, a.last_seq)).collect();
         ranges.sort();
@@ -1118,30 +1123,15 @@ fn waiting_commits_on_callers_threads_and_queued_ones_keep_one_contiguous_chain(
     let s = SqliteStore::open(dir.path()).expect("open");
     const THREADS: usize = 12;
     const PER_THREAD: usize = 60;
-    let acks: Vec<CommitAck> = std::thread::scope(|scope| {
-        let s = &s;
-        let handles: Vec<_> = (0..THREADS)
-            .map(|t| {
-                scope.spawn(move || {
-                    (0..PER_THREAD)
-                        .map(|i| {
-                            let c = full_commit(&format!("w{t}-{i}"));
-                            // Half the threads wait on their own thread when
-                            // they can, half always go through the queue.
-                            if t % 2 == 0 {
-                                commit_waiting(s, c).expect("commit")
-                            } else {
-                                s.commit_blocking(c).expect("commit")
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("thread"))
-            .collect()
+    let acks = from_threads(THREADS, PER_THREAD, |t, i| {
+        let c = full_commit(&format!("w{t}-{i}"));
+        // Half the threads wait on their own thread when they can, half
+        // always go through the queue.
+        if t % 2 == 0 {
+            commit_waiting(&s, c).expect("commit")
+        } else {
+            s.commit_blocking(c).expect("commit")
+        }
     });
     let mut ranges: Vec<(u64, u64)> = acks.iter().map(|a| (a.first_seq, a.last_seq)).collect();
     ranges.sort_unstable();
