@@ -451,3 +451,47 @@ fn a_sqlite_store_copied_in_reads_back_alike_and_a_second_copy_is_refused() {
         "{again:?}"
     );
 }
+
+/// The batch's statements find rows by their keys however small the tables
+/// were when the statements were prepared. A generic plan that scans a whole
+/// table (the cheapest while it held a page), kept for the connection's
+/// life, made every later batch read every receipt: ~30 ms a batch after
+/// 100,000 commands (docs/PERFORMANCE.md). The store's sessions run with
+/// `enable_seqscan=off`.
+#[test]
+fn a_batch_never_scans_the_whole_receipts_table() {
+    let url = pg::migrated_database("no_seq_scan");
+    let s = PgStore::open(&url).expect("open");
+    // Prepared and planned (five custom plans, then the generic one) while
+    // the tables hold a page or two, each batch naming dozens of ids: a
+    // whole-table scan is then the cheapest plan.
+    for round in 0..8 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..64 {
+            let tx = tx.clone();
+            s.submit(
+                command(&format!("early-{round}-{i}")),
+                Box::new(move |r| tx.send(r).expect("answer")),
+            );
+        }
+        drop(tx);
+        for r in rx {
+            r.expect("commit");
+        }
+    }
+    let scans = || {
+        // The server publishes a backend's counts at most once a second.
+        std::thread::sleep(std::time::Duration::from_millis(1_500));
+        pg::psql_on(
+            &url,
+            "SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'receipts'",
+        )
+    };
+    let before = scans();
+    for i in 0..400 {
+        s.commit_blocking(command(&format!("later-{i}")))
+            .expect("commit");
+    }
+    let after = scans();
+    assert_eq!(before, after, "the batches scanned the receipts table");
+}
