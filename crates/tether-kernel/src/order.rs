@@ -22,7 +22,7 @@ use crate::check::Effects;
 use crate::dispatch::answer::Answer;
 use crate::dispatch::rider::Rider;
 use crate::kernel::{Kernel, Principal};
-use crate::stages::{stage, Stages};
+use crate::stages::{stage, step, Stages};
 use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -97,10 +97,6 @@ impl Ctx {
         }
     }
 }
-
-/// Runs a synchronous stage as a mark of its command's trace
-/// ([`crate::stages`]: a child span once exported).
-pub(crate) use crate::stages::step;
 
 /// The command's labels on its span: the capability (only one the device
 /// binds), the decision, the outcome and the refusal code — never an input

@@ -280,18 +280,12 @@ impl Writer {
     }
 
     pub(crate) fn submit(&self, commit: &Commit, done: Done) {
-        match prepare(commit) {
-            Ok(c) => self.enqueue(c, done, false),
-            Err(e) => call_done(done, Err(e)),
-        }
+        self.enqueue(prepare(commit), done, false);
     }
 
     /// [`Writer::submit`] for a commit given up: moved, not copied.
     pub(crate) fn submit_owned(&self, commit: Commit, done: Done) {
-        match prepare_owned(commit) {
-            Ok(c) => self.enqueue(c, done, false),
-            Err(e) => call_done(done, Err(e)),
-        }
+        self.enqueue(prepare_owned(commit), done, false);
     }
 
     /// [`Writer::submit_owned`] from a caller that waits for the answer
@@ -300,21 +294,20 @@ impl Writer {
     /// (module docs). Never for a wait with a deadline (an e-stop's latch):
     /// a slow disk would hold the caller past it.
     pub(crate) fn submit_waiting(&self, commit: Commit, done: Done) {
-        match prepare_owned(commit) {
-            Ok(c) => self.enqueue(c, done, true),
-            Err(e) => call_done(done, Err(e)),
-        }
+        self.enqueue(prepare_owned(commit), done, true);
     }
 
     /// [`Writer::submit`] for a waiting caller ([`Writer::submit_waiting`]).
     pub(crate) fn submit_ref_waiting(&self, commit: &Commit, done: Done) {
-        match prepare(commit) {
-            Ok(c) => self.enqueue(c, done, true),
-            Err(e) => call_done(done, Err(e)),
-        }
+        self.enqueue(prepare(commit), done, true);
     }
 
-    fn enqueue(&self, commit: Prepared, done: Done, waiting: bool) {
+    /// Queues a prepared commit (or answers why it could not be prepared).
+    fn enqueue(&self, commit: Result<Prepared, StoreError>, done: Done, waiting: bool) {
+        let commit = match commit {
+            Ok(c) => c,
+            Err(e) => return call_done(done, Err(e)),
+        };
         let mut q = self.shared.lock();
         if q.closing || q.stopped {
             drop(q);
@@ -353,10 +346,7 @@ impl Writer {
         let mut job = Some(job);
         // `None` once the job is gone: it was applied (or answered) before.
         let mut apply = || -> Option<bool> {
-            let mut batch: Vec<Job> = job.take().into_iter().collect();
-            if batch.is_empty() {
-                return None;
-            }
+            let mut batch = [job.take()?];
             let mut results = Vec::with_capacity(1);
             Some(catch_unwind(AssertUnwindSafe(|| shared.apply(&mut batch, &mut results))).is_ok())
         };

@@ -130,7 +130,9 @@ impl Kernel {
 
     /// Commits and waits (asynchronously) until durable.
     pub(crate) async fn commit(&self, commit: Commit) -> Result<CommitAck, StoreError> {
-        self.commit_owned(commit, false).await
+        // Given up to the store, which moves what it can instead of copying.
+        self.await_commit(|done| self.inner.store.submit(commit, done))
+            .await
     }
 
     /// [`Kernel::commit`] for a wait with no bound of its own (a command's
@@ -138,22 +140,34 @@ impl Kernel {
     /// ([`Store::submit_waiting`]), sparing two thread wake-ups. Never for
     /// a commit awaited under a deadline.
     pub(crate) async fn commit_waiting(&self, commit: Commit) -> Result<CommitAck, StoreError> {
-        self.commit_owned(commit, true).await
+        self.await_commit(|done| self.inner.store.submit_waiting(commit, done))
+            .await
     }
 
-    async fn commit_owned(&self, commit: Commit, waiting: bool) -> Result<CommitAck, StoreError> {
-        // Given up to the store, which moves what it can instead of copying.
+    /// [`Kernel::commit_waiting`] for a commit the caller still needs
+    /// afterwards (it takes a document back out of it): serialised from the
+    /// borrow.
+    pub(crate) async fn commit_ref_waiting(
+        &self,
+        commit: &Commit,
+    ) -> Result<CommitAck, StoreError> {
+        self.await_commit(|done| self.inner.store.submit_ref_waiting(commit, done))
+            .await
+    }
+
+    /// Hands a commit to the store with `submit` and waits for its answer,
+    /// timed as the command's `tether.commit` stage (the submit included: an
+    /// idle store may apply it right there) and kept in the door's books.
+    async fn await_commit(
+        &self,
+        submit: impl FnOnce(tether_store::Done),
+    ) -> Result<CommitAck, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let t0 = self.submitting();
         let stage = crate::stages::enter("tether.commit");
-        let done: tether_store::Done = Box::new(move |r| {
+        submit(Box::new(move |r| {
             let _ = tx.send(r);
-        });
-        if waiting {
-            self.inner.store.submit_waiting(commit, done);
-        } else {
-            self.inner.store.submit(commit, done);
-        }
+        }));
         let r = rx.await.unwrap_or(Err(StoreError::Closed));
         drop(stage);
         self.committed(t0, &r);
@@ -177,28 +191,6 @@ impl Kernel {
             meters.commit.observe(t0.elapsed());
         }
         self.inner.store_health.observe(r);
-    }
-
-    /// [`Kernel::commit_waiting`] for a commit the caller still needs
-    /// afterwards (it takes a document back out of it): serialised from the
-    /// borrow.
-    pub(crate) async fn commit_ref_waiting(
-        &self,
-        commit: &Commit,
-    ) -> Result<CommitAck, StoreError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let t0 = self.submitting();
-        let stage = crate::stages::enter("tether.commit");
-        self.inner.store.submit_ref_waiting(
-            commit,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        let r = rx.await.unwrap_or(Err(StoreError::Closed));
-        drop(stage);
-        self.committed(t0, &r);
-        r
     }
 
     /// Queues a commit without waiting (reads and other no-effect records).
