@@ -93,7 +93,12 @@ pub fn prepare(config_path: Option<&Path>) -> Result<Prepared, ExitCode> {
 
 /// Opens the store, starts the kernel, the governed-stop watcher, the
 /// session reaper and the link monitor.
-pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::Result<Endpoint> {
+/// Its spans go to `tracer` (the OTLP exporter), when traces are on.
+pub fn start(
+    prepared: Prepared,
+    choice: crate::store::StoreChoice,
+    tracer: Option<tether_kernel::trace::TraceSink>,
+) -> anyhow::Result<Endpoint> {
     let (loaded, cell, auth) = prepared;
     let dir = config::state_dir(choice.state_dir.as_deref(), Some(&loaded));
     let drivers = tether_drivers::build_all_with(
@@ -115,7 +120,8 @@ pub fn start(prepared: Prepared, choice: crate::store::StoreChoice) -> anyhow::R
         .unwrap_or_else(|| "tether-local".into());
     let device_count = cell.devices.len();
     let mcp_sessions = crate::bounds::mcp_sessions(&loaded.config.http);
-    let kernel_config = kernel_config(&loaded, &choice, &endpoint_id)?;
+    let mut kernel_config = kernel_config(&loaded, &choice, &endpoint_id)?;
+    kernel_config.tracer = tracer;
     // Opened by the kernel's opener thread: a store that cannot be opened
     // or written now is tried again while the endpoint serves tripped.
     let open_dir = dir.clone();

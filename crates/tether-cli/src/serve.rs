@@ -5,6 +5,7 @@
 
 use crate::edge::{check_exposure, Listener};
 use crate::endpoint::{init_tracing, prepare, start, stdio_principal, Endpoint};
+use crate::telemetry::Guard;
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -72,7 +73,7 @@ pub fn serve(
         Err(code) => return Ok(code),
     };
     // Kept to the end: dropping it flushes the queued spans (bounded).
-    let _telemetry = init_tracing(&prepared.0.config.telemetry);
+    let telemetry = init_tracing(&prepared.0.config.telemetry);
     let origin = config_path
         .clone()
         .unwrap_or_else(|| PathBuf::from("(built-in)"));
@@ -114,7 +115,7 @@ pub fn serve(
     } else {
         None
     };
-    let endpoint = start(prepared, choice)?;
+    let endpoint = start(prepared, choice, telemetry.as_ref().and_then(Guard::tracer))?;
     eprintln!("tether: evidence kept in the {}", endpoint.store_shown);
     let Endpoint {
         kernel,
@@ -333,12 +334,12 @@ pub fn mcp(
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let _telemetry = init_tracing(&prepared.0.config.telemetry);
+    let telemetry = init_tracing(&prepared.0.config.telemetry);
     let principal = match stdio_principal(&prepared.2, token_env) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let endpoint = start(prepared, choice)?;
+    let endpoint = start(prepared, choice, telemetry.as_ref().and_then(Guard::tracer))?;
     eprintln!("tether: evidence kept in the {}", endpoint.store_shown);
     eprintln!(
         "tether: serving MCP on stdio ({} devices, state {})",

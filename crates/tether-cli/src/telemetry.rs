@@ -2,19 +2,20 @@
 //! (HTTP/protobuf) when `otlp_endpoint` is set, and who may read `GET
 //! /metrics`.
 //!
-//! The spans are the `tracing` spans of the surfaces and the kernel; this
-//! module installs the subscriber: the log layer, and with an endpoint the
-//! OpenTelemetry layer over the tether crates' spans, exporting through
-//! `tether_server::telemetry::otlp` (a bounded queue of its own: a collector
-//! that is down never slows a command).
+//! The spans are records of Tether's own (`tether_kernel::trace`); this
+//! module installs the log subscriber and, with an endpoint, starts the
+//! exporter (`tether_server::telemetry::otlp`: a bounded queue of its own,
+//! so a collector that is down never slows a command) that the kernel is
+//! then given as its tracer.
 //!
-//! gRPC is not offered: `opentelemetry-otlp`'s `grpc-tonic` brings tonic,
-//! prost's gRPC runtime and a second HTTP/2 stack for what HTTP/protobuf
-//! already carries to every collector.
+//! gRPC is not offered: it would bring tonic, prost's gRPC runtime and a
+//! second HTTP/2 stack for what HTTP/protobuf already carries to every
+//! collector.
 
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
+use std::sync::Arc;
 use std::time::Duration;
+use tether_server::telemetry::otlp::Exporter;
 
 /// Most spans waiting for export (default of `export_queue_max`).
 pub const EXPORT_QUEUE_DEFAULT: usize = 2048;
@@ -103,38 +104,49 @@ impl TelemetryConfig {
     }
 }
 
-/// Keeps the tracer provider; dropping it flushes what is queued (bounded
+/// Keeps the span exporter; dropping it flushes what is queued (bounded
 /// by the export timeout) and stops the export thread.
 pub struct Guard {
-    provider: Option<SdkTracerProvider>,
+    exporter: Option<(Arc<Exporter>, Duration)>,
+}
+
+impl Guard {
+    /// The kernel's tracer, when traces are exported.
+    pub fn tracer(&self) -> Option<tether_kernel::trace::TraceSink> {
+        self.exporter
+            .as_ref()
+            .map(|(e, _)| tether_kernel::trace::TraceSink(Arc::clone(e) as _))
+    }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if let Some(p) = self.provider.take() {
-            if let Err(e) = p.shutdown() {
-                tracing::debug!(error = %e, "the span exporter did not shut down cleanly");
-            }
+        if let Some((e, wait)) = self.exporter.take() {
+            e.shutdown(wait);
         }
     }
 }
 
 /// The log layer (stderr, `TETHER_LOG`) and, with `otlp_endpoint`, the
-/// OpenTelemetry layer over the tether crates' spans.
+/// span exporter.
 ///
 /// # Errors
-/// The exporter could not be built, or a subscriber is already installed.
+/// The exporter could not be started, or a subscriber is already installed.
 pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    use tracing_subscriber::Layer as _;
     let log_filter = tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_default));
     let log = log_layer(log_filter, json_logs());
+    tracing_subscriber::registry().with(log).try_init()?;
     let Some(endpoint) = &config.otlp_endpoint else {
-        tracing_subscriber::registry().with(log).try_init()?;
-        return Ok(Guard { provider: None });
+        return Ok(Guard { exporter: None });
     };
+    let timeout = Duration::from_millis(
+        config
+            .export_timeout_ms
+            .unwrap_or(EXPORT_TIMEOUT_MS_DEFAULT),
+    );
     let otlp = tether_server::telemetry::otlp::Otlp {
         endpoint: endpoint.clone(),
         service_name: config
@@ -146,20 +158,11 @@ pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard
             .unwrap_or(EXPORT_QUEUE_DEFAULT)
             .max(1),
         sample_ratio: config.sample_ratio.unwrap_or(1.0),
-        timeout: Duration::from_millis(
-            config
-                .export_timeout_ms
-                .unwrap_or(EXPORT_TIMEOUT_MS_DEFAULT),
-        ),
+        timeout,
     };
-    let provider = tether_server::telemetry::otlp::provider(&otlp).map_err(anyhow::Error::msg)?;
-    let otel = tether_server::telemetry::otlp::layer(&provider).with_filter(spans_filter());
-    tracing_subscriber::registry()
-        .with(log)
-        .with(otel)
-        .try_init()?;
+    let exporter = Exporter::start(&otlp).map_err(anyhow::Error::msg)?;
     Ok(Guard {
-        provider: Some(provider),
+        exporter: Some((Arc::new(exporter), timeout)),
     })
 }
 
@@ -183,14 +186,6 @@ fn log_layer(
     } else {
         fmt.with_filter(filter).boxed()
     }
-}
-
-/// Only the tether crates' spans: a library's own spans never fill the
-/// export queue.
-fn spans_filter() -> tracing_subscriber::filter::Targets {
-    tracing_subscriber::filter::Targets::new()
-        .with_target("tether_kernel", tracing::Level::INFO)
-        .with_target("tether_server", tracing::Level::INFO)
 }
 
 #[cfg(test)]

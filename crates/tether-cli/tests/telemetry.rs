@@ -31,6 +31,11 @@ const MCP_PARENT: &str = "b7ad6b7169203331";
 /// The trace the REST call names in its header.
 const REST_TRACE: &str = "5d0e7c1f2a3b4c5d6e7f8091a2b3c4d5";
 const REST_PARENT: &str = "1122334455667788";
+/// The trace an e-stop continues.
+const ESTOP_TRACE: &str = "77f1e2d3c4b5a6978877665544332211";
+const ESTOP_PARENT: &str = "a1b2c3d4e5f60718";
+/// A caller's trace that it does not record (sampled flag off).
+const UNSAMPLED_TRACE: &str = "0123456789abcdef0123456789abcdef";
 
 fn python() -> PathBuf {
     peers::pinned_venv(
@@ -289,6 +294,48 @@ fn assert_rest_trace(s: &Server, rx: &Receiver) {
     );
 }
 
+/// A caller that does not record its trace (flags `00`) gets nothing
+/// recorded under it; an e-stop with a `traceparent` is the request's
+/// `tether.estop` child. The e-stop's spans are sent after the unsampled
+/// command's would have been (one queue, in order), so once they are in,
+/// the absence of the other trace is a finding, not a race.
+fn assert_unsampled_and_estop_traces(s: &Server, sid: &str, rx: &Receiver) {
+    let commands = |rx: &Receiver| named(&rx.spans(), "tether.command").len();
+    let commands_before = commands(rx);
+    let quiet = format!("00-{UNSAMPLED_TRACE}-{RPC_PARENT}-00");
+    let r = setpoint(s, sid, Some(&quiet), 22.5);
+    assert_eq!(r["status"], "completed", "{r}");
+    let tp = format!("00-{ESTOP_TRACE}-{ESTOP_PARENT}-01");
+    let stop = rpc(
+        s,
+        OPERATOR,
+        Some(&tp),
+        "mhs.safety.estop",
+        json!({"device_id": "relay-1", "reason": "traced stop"}),
+    );
+    assert!(stop.to_string().contains("relay-1"), "{stop}");
+    let spans = trace_spans(rx, ESTOP_TRACE, |s| {
+        has(s, "tether.estop") && has(s, "POST /rpc")
+    });
+    let request = named(&spans, "POST /rpc")[0];
+    assert_eq!(request["parent_span_id"], ESTOP_PARENT, "{request}");
+    let estop = named(&spans, "tether.estop")[0];
+    assert_eq!(estop["parent_span_id"], request["span_id"], "{estop}");
+    assert_eq!(estop["kind"], 1, "internal");
+    assert_eq!(request["kind"], 2, "server");
+    let leaked: Vec<Value> = rx
+        .spans()
+        .into_iter()
+        .filter(|s| s["trace_id"] == UNSAMPLED_TRACE)
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "an unsampled trace was recorded: {leaked:#?}"
+    );
+    // Nor did its command start a trace of its own.
+    assert_eq!(commands(rx), commands_before);
+}
+
 #[test]
 fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_changes_nothing() {
     let python = python();
@@ -339,6 +386,7 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
 
     assert_mcp_trace(&s, &rx);
     assert_rest_trace(&s, &rx);
+    assert_unsampled_and_estop_traces(&s, &sid, &rx);
 
     // Counters moved by what ran.
     let (_, after) = metrics(&s, &python, Some(AGENT));
@@ -357,7 +405,7 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
         sample(&after, "tether_otlp_spans_exported_total{}") > 0.0,
         "{after:?}"
     );
-    assert_eq!(sample(&after, "tether_latched_devices{}"), 0.0);
+    assert_eq!(sample(&after, "tether_latched_devices{}"), 1.0);
 
     // The collector dies: commands go on, and the e-stop latches as ever.
     rx.kill();

@@ -55,6 +55,7 @@ pub mod reference;
 mod request;
 mod safety;
 pub mod stages;
+pub mod trace;
 
 pub use admit::sessions::SESSION_TTL_MS_MAX;
 pub use check::policy;

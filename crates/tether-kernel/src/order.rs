@@ -23,8 +23,10 @@ use crate::dispatch::answer::Answer;
 use crate::dispatch::rider::Rider;
 use crate::kernel::{Kernel, Principal};
 use crate::stages::{stage, step, Stages};
+use crate::trace::{Active, SpanKind};
 use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::time::Instant;
 use tracing::Instrument;
 
@@ -98,24 +100,81 @@ impl Ctx {
     }
 }
 
-/// The command's labels on its span: the capability (only one the device
-/// binds), the decision, the outcome and the refusal code — never an input
-/// value or a token.
-fn record_on_span(span: &tracing::Span, answer: &Answer, counted: &crate::meters::Counted) {
-    span.record("outcome", counted.outcome);
-    if counted.capability_known {
-        if let Some(c) = answer.string_member("capability_id") {
-            span.record("capability", c.as_ref());
+/// The command's labels on its span and in its trace: the capability (only
+/// one the device binds), the decision, the outcome and the refusal code —
+/// never an input value or a token.
+struct Labels {
+    capability: Option<String>,
+    decision: Option<&'static str>,
+    outcome: &'static str,
+    code: Option<&'static str>,
+}
+
+impl Labels {
+    fn of(answer: &Answer, counted: &crate::meters::Counted) -> Self {
+        let capability = counted
+            .capability_known
+            .then(|| {
+                answer
+                    .string_member("capability_id")
+                    .map(|c| c.into_owned())
+            })
+            .flatten();
+        let decision = answer.string_member("decision").and_then(|d| {
+            ["allow", "hold", "deny"]
+                .into_iter()
+                .find(|k| *k == d.as_ref())
+        });
+        Self {
+            capability,
+            decision,
+            outcome: counted.outcome,
+            code: counted.code.map(|c| c.as_str()),
         }
     }
-    if let Some(d) = answer.string_member("decision") {
-        if matches!(d.as_ref(), "allow" | "hold" | "deny") {
-            span.record("decision", d.as_ref());
+
+    fn record_on(&self, span: &tracing::Span) {
+        span.record("outcome", self.outcome);
+        if let Some(c) = &self.capability {
+            span.record("capability", c.as_str());
+        }
+        if let Some(d) = self.decision {
+            span.record("decision", d);
+        }
+        if let Some(code) = self.code {
+            span.record("refusal_code", code);
         }
     }
-    if let Some(code) = counted.code {
-        span.record("refusal_code", code.as_str());
+}
+
+/// The attributes of a command's trace span (docs/TELEMETRY.md).
+fn attributes(
+    device: Option<&str>,
+    p: &Principal,
+    labels: Option<Labels>,
+    error: Option<&'static str>,
+) -> Vec<(&'static str, Cow<'static, str>)> {
+    let mut out = Vec::with_capacity(6);
+    if let Some(d) = device {
+        out.push(("device", Cow::Owned(d.to_owned())));
     }
+    if let Some(l) = labels {
+        if let Some(c) = l.capability {
+            out.push(("capability", Cow::Owned(c)));
+        }
+        if let Some(d) = l.decision {
+            out.push(("decision", Cow::Borrowed(d)));
+        }
+        out.push(("outcome", Cow::Borrowed(l.outcome)));
+        if let Some(code) = l.code {
+            out.push(("refusal_code", Cow::Borrowed(code)));
+        }
+    }
+    if let Some(code) = error {
+        out.push(("refusal_code", Cow::Borrowed(code)));
+    }
+    out.push(("principal_kind", Cow::Borrowed(p.kind.as_str())));
+    out
 }
 
 impl Kernel {
@@ -138,9 +197,10 @@ impl Kernel {
     ) -> Result<Answer, ApiError> {
         // Known devices only: a caller's string is never a label.
         let device = self.device_index(&req.device_id);
+        let device_id = device.map(|d| self.inner.devices[d].id());
         let span = tracing::info_span!(
             "tether.command",
-            device = device.map(|d| self.inner.devices[d].id()),
+            device = device_id,
             capability = tracing::field::Empty,
             decision = tracing::field::Empty,
             outcome = tracing::field::Empty,
@@ -148,29 +208,39 @@ impl Kernel {
             principal_kind = p.kind.as_str(),
             { crate::stages::FIELD } = tracing::field::Empty,
         );
+        let traced = Active::start(self.tracer(), "tether.command", SpanKind::Internal);
         // A traced command's stages are timed into a table, not built as
         // spans of their own (crate::stages); an untraced one has none.
-        let stages = (!span.is_disabled()).then(|| Stages::new(Instant::now()));
+        let logged = !span.is_disabled();
+        let stages = (traced.is_some() || logged)
+            .then(|| Stages::new(traced.as_ref().map_or_else(Instant::now, Active::started)));
         let order = self.command_order(p, req, options);
         let answer = match &stages {
             Some(s) => s.clone().scope(order).instrument(span.clone()).await,
             None => order.instrument(span.clone()).await,
         };
-        if let Some(s) = &stages {
+        if let (Some(s), true) = (&stages, logged) {
             span.record(crate::stages::FIELD, s.encode().as_str());
         }
         let meters = &self.inner.meters;
-        match &answer {
+        let (labels, error) = match &answer {
             Ok(a) => {
                 let counted = meters.command(device, a);
-                if !span.is_disabled() {
-                    record_on_span(&span, a, &counted);
-                }
+                let labels = (logged || traced.is_some()).then(|| Labels::of(a, &counted));
+                (labels, None)
             }
             Err(e) => {
                 meters.refusal(e.code);
                 span.record("refusal_code", e.code.as_str());
+                (None, Some(e.code.as_str()))
             }
+        };
+        if let (Some(l), true) = (&labels, logged) {
+            l.record_on(&span);
+        }
+        if let Some(t) = traced {
+            let marks = stages.map(|s| s.marks()).unwrap_or_default();
+            t.finish(attributes(device_id, p, labels, error), marks);
         }
         answer
     }

@@ -132,6 +132,25 @@ impl Stages {
         })
     }
 
+    /// The table's marks; a stage still open ends now.
+    pub(crate) fn marks(&self) -> Vec<Mark> {
+        let Ok(t) = self.0.lock() else {
+            return Vec::new();
+        };
+        let now = since(t.base);
+        t.marks
+            .iter()
+            .filter_map(|m| {
+                Some(Mark {
+                    name: NAMES.get(usize::from(m.name)).copied()?,
+                    parent: m.parent.map(usize::from),
+                    start_ns: m.start_ns,
+                    end_ns: m.end_ns.unwrap_or(now).max(m.start_ns),
+                })
+            })
+            .collect()
+    }
+
     /// The table in its text form (see [`decode`]): each mark as
     /// `name parent start end` (the name's index in [`NAMES`], the parent's
     /// index or `-` for the command), marks separated by `;`. A stage

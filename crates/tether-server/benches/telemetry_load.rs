@@ -1,16 +1,16 @@
 //! `durable_load` with telemetry off and on, in one run (issue 22 §2,
 //! docs/PERFORMANCE.md, docs/TELEMETRY.md): the same 64 callers sending
 //! setpoint commands through a kernel on SQLite (WAL, synchronous=FULL,
-//! group commit), first with no subscriber at all (telemetry off, as
-//! `tether serve` without `otlp_endpoint`), then with the OpenTelemetry
-//! layer `tether serve` installs, exporting over OTLP/HTTP through
-//! `telemetry::otlp` to a live receiver on loopback (a thread that reads
-//! every request and answers 200).
+//! group commit), first with no tracer (telemetry off, as `tether serve`
+//! without `otlp_endpoint`), then with the exporter `tether serve` gives
+//! the kernel, sending over OTLP/HTTP through `telemetry::otlp` to a live
+//! receiver on loopback (a thread that reads every request and answers
+//! 200). Both runs have the log subscriber `tether serve` installs, at its
+//! default level.
 //!
 //! Run: `cargo bench -p tether-server --bench telemetry_load` (optionally
-//! `-- CALLERS COMMANDS_PER_CALLER`; `TELEMETRY_SAMPLE_RATIO`, and
-//! `TELEMETRY_LAYER=default` for the layer with `tracing-opentelemetry`'s
-//! defaults). Prints `FIGURE` lines.
+//! `-- CALLERS COMMANDS_PER_CALLER`; `TELEMETRY_SAMPLE_RATIO`). Prints
+//! `FIGURE` lines.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -29,6 +29,7 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tether_kernel::trace::TraceSink;
 use tether_kernel::Principal;
 use tether_server::metrics::{SPANS_DROPPED, SPANS_EXPORTED};
 use tether_store::SqliteStore;
@@ -50,45 +51,36 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(1.0);
-    let off = run_load(callers, per_caller);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .init();
+    let off = run_load(callers, per_caller, None);
     print("telemetry_off", &off, callers);
 
     let port = start_receiver();
-    let provider =
-        tether_server::telemetry::otlp::provider(&tether_server::telemetry::otlp::Otlp {
+    let exporter = Arc::new(
+        tether_server::telemetry::otlp::Exporter::start(&tether_server::telemetry::otlp::Otlp {
             endpoint: format!("http://127.0.0.1:{port}"),
             service_name: "tether-bench".into(),
             queue_max: 2048,
             timeout: Duration::from_secs(2),
             sample_ratio: ratio,
         })
-        .expect("the exporter");
-    {
-        use tracing_subscriber::layer::SubscriberExt as _;
-        use tracing_subscriber::util::SubscriberInitExt as _;
-        use tracing_subscriber::Layer as _;
-        let spans = tracing_subscriber::filter::Targets::new()
-            .with_target("tether_kernel", tracing::Level::INFO)
-            .with_target("tether_server", tracing::Level::INFO);
-        // TELEMETRY_LAYER=default: `tracing-opentelemetry`'s own defaults
-        // (locations, threads, target, busy/idle times, context activation),
-        // to measure what leaving them out buys.
-        if std::env::var("TELEMETRY_LAYER").is_ok_and(|v| v == "default") {
-            use opentelemetry::trace::TracerProvider as _;
-            let otel = tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer("tether"))
-                .with_filter(spans);
-            tracing_subscriber::registry().with(otel).init();
-            println!("FIGURE telemetry_layer kind=default");
-        } else {
-            let otel = tether_server::telemetry::otlp::layer(&provider).with_filter(spans);
-            tracing_subscriber::registry().with(otel).init();
-            println!("FIGURE telemetry_layer kind=tether");
-        }
-    }
-    let on = run_load(callers, per_caller);
+        .expect("the exporter"),
+    );
+    // TELEMETRY_EXPORT=none: every span is made and offered to a tracer
+    // that drops it, to tell what the callers pay from what the export
+    // thread does.
+    let sink = if std::env::var("TELEMETRY_EXPORT").is_ok_and(|v| v == "none") {
+        println!("FIGURE telemetry_export kind=none");
+        TraceSink(Arc::new(Discard(exporter.clone())))
+    } else {
+        TraceSink(exporter.clone())
+    };
+    let on = run_load(callers, per_caller, Some(sink));
     print("telemetry_on", &on, callers);
-    let _ = provider.shutdown();
+    exporter.shutdown(Duration::from_secs(5));
     println!("FIGURE telemetry_sample_ratio ratio={ratio}");
     println!(
         "FIGURE telemetry_on_vs_off throughput_ratio={:.2} cpu_ratio={:.2} spans_exported={} spans_dropped={} export_requests={} export_bytes={}",
@@ -99,6 +91,21 @@ fn main() {
         RECEIVED.load(Ordering::Relaxed),
         RECEIVED_BYTES.load(Ordering::Relaxed),
     );
+}
+
+/// The exporter's ids and sampler; every span dropped unsent.
+struct Discard(Arc<tether_server::telemetry::otlp::Exporter>);
+
+impl tether_kernel::trace::Tracer for Discard {
+    fn start_trace(&self) -> Option<tether_kernel::trace::SpanCx> {
+        tether_kernel::trace::Tracer::start_trace(self.0.as_ref())
+    }
+    fn span_id(&self) -> tether_kernel::trace::SpanId {
+        tether_kernel::trace::Tracer::span_id(self.0.as_ref())
+    }
+    fn offer(&self, span: tether_kernel::trace::SpanRecord) {
+        drop(span);
+    }
 }
 
 struct Load {
@@ -127,10 +134,12 @@ fn print(name: &str, l: &Load, callers: u64) {
 }
 
 /// The load of `durable_load` on a fresh SQLite store.
-fn run_load(callers: u64, per_caller: u64) -> Load {
+fn run_load(callers: u64, per_caller: u64, tracer: Option<TraceSink>) -> Load {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(SqliteStore::open(dir.path()).expect("store"));
-    let k = common::kernel_on("telemetry", store);
+    let mut config = tether_kernel::KernelConfig::standard("telemetry");
+    config.tracer = tracer;
+    let k = common::kernel_with(config, store);
     let rt = common::runtime();
     let p = Principal::local_agent();
     let session = common::open_session(&rt, &k, &p);

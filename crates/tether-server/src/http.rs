@@ -22,7 +22,6 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tether_core::Code;
 use tether_kernel::Kernel;
-use tracing::Instrument;
 
 #[derive(Clone)]
 struct AppState {
@@ -84,12 +83,10 @@ pub fn router_with(
 }
 
 async fn rpc(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let span = crate::telemetry::request_span(
-        "jsonrpc",
-        "POST /rpc",
-        crate::telemetry::traceparent_header(&headers),
-    );
-    rpc_traced(state, headers, body).instrument(span).await
+    let parent = crate::telemetry::traceparent_header(&headers);
+    let tracer = state.kernel.tracer().cloned();
+    let run = rpc_traced(state, headers, body);
+    crate::telemetry::request(tracer.as_ref(), "jsonrpc", "POST /rpc", parent, run).await
 }
 
 /// 401 with `WWW-Authenticate: Bearer` and a JSON-RPC error body.

@@ -1141,7 +1141,11 @@ fn waiting_commits_on_callers_threads_and_queued_ones_keep_one_contiguous_chain(
     // bounded.
     let mut lone = 0;
     while s.stats().inline_batches == 0 {
-        assert!(lone < 200, "no lone waiting commit was applied inline: {:?}", s.stats());
+        assert!(
+            lone < 200,
+            "no lone waiting commit was applied inline: {:?}",
+            s.stats()
+        );
         std::thread::sleep(Duration::from_millis(5));
         let ack = commit_waiting(&s, full_commit(&format!("lone-{lone}"))).expect("commit");
         ranges.push((ack.first_seq, ack.last_seq));

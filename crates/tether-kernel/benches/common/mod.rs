@@ -13,10 +13,16 @@ use tether_store::Store;
 
 /// A kernel on the built-in simulated cell, its evidence in `store`.
 pub fn kernel_on(name: &str, store: Arc<dyn Store>) -> Kernel {
+    kernel_with(KernelConfig::standard(name), store)
+}
+
+/// The built-in cell on `store` with `config`.
+#[allow(dead_code)] // not every bench sets its own settings
+pub fn kernel_with(config: KernelConfig, store: Arc<dyn Store>) -> Kernel {
     let cell = tether_kernel::loader::load(&tether_drivers::builtin_cell(), None).expect("cell");
     let drivers =
         tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
-    Kernel::new(KernelConfig::standard(name), cell, drivers, store).expect("kernel")
+    Kernel::new(config, cell, drivers, store).expect("kernel")
 }
 
 /// Two runtime workers, as on the project's 2-core machine.

@@ -115,6 +115,13 @@ impl Kernel {
             .unwrap_or_else(|| ApiError::new(Code::DeviceUnknown, "unknown device", json!({})))
     }
 
+    /// The installed trace exporter, if any (`KernelConfig::tracer`): the
+    /// surfaces record their request spans through it.
+    #[must_use]
+    pub fn tracer(&self) -> Option<&crate::trace::TraceSink> {
+        self.inner.config.tracer.as_ref()
+    }
+
     pub(crate) fn device_index(&self, device_id: &str) -> Option<usize> {
         self.inner.index.get(device_id).copied()
     }

@@ -88,6 +88,9 @@ pub struct KernelConfig {
     /// read the stop for longer aborts its physical calls and refuses new
     /// ones until it can.
     pub stop_bound_ms: u64,
+    /// Where trace spans go (`crate::trace`): the OTLP exporter when
+    /// `[telemetry] otlp_endpoint` is set; `None` records no span.
+    pub tracer: Option<crate::trace::TraceSink>,
 }
 
 impl KernelConfig {
@@ -113,6 +116,7 @@ impl KernelConfig {
             fleet_lease_ms: crate::kernel::fleet::FLEET_LEASE_MS_DEFAULT,
             wait_for_devices_ms: 0,
             stop_bound_ms: crate::safety::governed::STOP_BOUND_MS_DEFAULT,
+            tracer: None,
         }
     }
 }

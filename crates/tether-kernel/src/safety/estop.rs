@@ -25,6 +25,7 @@ use crate::kernel::{answer_margin, Kernel, LatchInfo, Principal};
 use crate::kernel::{ANSWER_MARGIN_MS_MAX, ESTOP_BUDGET_MS_DEFAULT};
 use crate::order::Ctx;
 use crate::safety::stop_path::{StopDone, StopFailure};
+use crate::trace::SpanKind;
 use crate::CommandRequest;
 use crate::EstopRequest;
 use serde_json::{json, Value};
@@ -110,10 +111,11 @@ impl Kernel {
     /// named). Never refused; needs no session.
     pub async fn estop(&self, req: EstopRequest) -> Value {
         let t0 = Instant::now();
-        let answer = self
+        let stop = self
             .estop_untimed(req)
-            .instrument(tracing::info_span!("tether.estop"))
-            .await;
+            .instrument(tracing::info_span!("tether.estop"));
+        let answer =
+            crate::trace::in_span(self.tracer(), "tether.estop", SpanKind::Internal, stop).await;
         self.inner.meters.estop.observe(t0.elapsed());
         answer
     }

@@ -354,10 +354,9 @@ impl TetherMcp {
                 .await
                 .map(Answer::into_value)
         };
-        let task = self
-            .conn
-            .inflight
-            .spawn(tracing::Instrument::in_current_span(run));
+        let task = self.conn.inflight.spawn(tether_kernel::trace::carry(
+            tracing::Instrument::in_current_span(run),
+        ));
         let call = RunningCall {
             principal: p,
             session_id: &sid,
@@ -630,9 +629,10 @@ impl ServerHandler for TetherMcp {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let span =
-            crate::telemetry::request_span("mcp", "tools/call", traceparent(&ctx).as_deref());
-        tracing::Instrument::instrument(self.call_tool_traced(request, ctx), span).await
+        let parent = traceparent(&ctx);
+        let tracer = self.kernel.tracer().cloned();
+        let call = self.call_tool_traced(request, ctx);
+        crate::telemetry::request(tracer.as_ref(), "mcp", "tools/call", parent, call).await
     }
 
     async fn list_resources(
@@ -666,10 +666,10 @@ impl ServerHandler for TetherMcp {
 
 /// The caller's W3C `traceparent`: MCP's `_meta.traceparent` first, then the
 /// HTTP request's header (streamable HTTP).
-fn traceparent(ctx: &RequestContext<RoleServer>) -> Option<String> {
+fn traceparent(ctx: &RequestContext<RoleServer>) -> Option<crate::telemetry::Remote> {
     if let Some(tp) = ctx.meta.get_traceparent() {
-        return Some(tp.to_owned());
+        return crate::telemetry::remote_context(tp);
     }
     let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
-    crate::telemetry::traceparent_header(&parts.headers).map(str::to_owned)
+    crate::telemetry::traceparent_header(&parts.headers)
 }

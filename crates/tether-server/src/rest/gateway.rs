@@ -476,7 +476,8 @@ impl Gateway {
         };
         // The command's spans stay children of the request's.
         let run = Arc::clone(self).run(p.clone(), req, options, inv_id.clone());
-        let run = tokio::spawn(tracing::Instrument::in_current_span(run));
+        let run = tether_kernel::trace::carry(tracing::Instrument::in_current_span(run));
+        let run = tokio::spawn(run);
         // Answer 202 once the command has passed steps 2-11 (it goes on to
         // dispatch) and the invocation is durable; a command refused by them
         // is answered with its refusal once the rejected receipt is recorded.

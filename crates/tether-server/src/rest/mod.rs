@@ -250,11 +250,8 @@ async fn invoke(
     path: Result<Path<String>, PathRejection>,
     body: Body,
 ) -> Response {
-    let span = crate::telemetry::request_span(
-        "rest",
-        "POST /tools/{tool}:invoke",
-        crate::telemetry::traceparent_header(&headers),
-    );
+    let parent = crate::telemetry::traceparent_header(&headers);
+    let tracer = s.gw.kernel.tracer().cloned();
     let answer = async {
         let p = principal(&s, &headers)?;
         let segment = segment(path)?;
@@ -268,7 +265,8 @@ async fn invoke(
         let body: InvokeBody = from_body(read_json(body).await?.unwrap_or(json!({})))?;
         s.gw.invoke(&p, tool, body).await
     };
-    respond(tracing::Instrument::instrument(answer, span).await)
+    let route = "POST /tools/{tool}:invoke";
+    respond(crate::telemetry::request(tracer.as_ref(), "rest", route, parent, answer).await)
 }
 
 /// The e-stop is served even when its request is defective: a body that is

@@ -1,44 +1,45 @@
 //! The OTLP/HTTP span exporter behind `[telemetry] otlp_endpoint`
-//! (docs/TELEMETRY.md): a tracer provider whose spans go into a bounded
-//! queue of its own and leave on one export thread.
+//! (docs/TELEMETRY.md): the kernel's [`Tracer`], whose spans go into a
+//! bounded queue of its own and leave on one export thread.
 //!
 //! A span is offered with `try_send`, and a full queue drops it (counted in
 //! [`SPANS_DROPPED`], shown by `GET /metrics`), so a collector that is slow
-//! or down never slows or blocks a command. The export thread sends batches
-//! with a small blocking HTTP/1.1 client (plain HTTP, every step under the
-//! export timeout); a batch the collector does not take is dropped and
+//! or down never slows or blocks a command. The export thread turns a
+//! command's stage marks into its child spans, writes each batch as an
+//! OTLP `ExportTraceServiceRequest` (protobuf, [`super::proto`]) and sends
+//! it with a small blocking HTTP/1.1 client (plain HTTP, every step under
+//! the export timeout); a batch the collector does not take is dropped and
 //! counted, never retried.
 //!
-//! **Owns:** the provider, the queue, the export thread, the client.
-//! **Never belongs here:** which spans exist (the surfaces and the kernel),
-//! the subscriber and its filters (`tether-cli`).
+//! **Owns:** the ids and the sampler, the queue, the export thread, the
+//! client.
+//! **Never belongs here:** which spans exist and what they carry (the
+//! surfaces and the kernel), the subscriber and its filters (`tether-cli`).
 //! **Fail-closed rule:** nothing here waits on a command's path: the only
 //! call a span's end makes is a non-blocking offer.
 
+use super::proto::Batch;
 use crate::metrics::{SPANS_DROPPED, SPANS_EXPORTED};
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
-use opentelemetry::KeyValue;
-use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, SdkTracerProvider, SpanData, SpanEvents, SpanExporter,
-    SpanLinks, SpanProcessor,
-};
-use opentelemetry_sdk::Resource;
-use std::borrow::Cow;
+use rand::Rng as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tether_kernel::stages;
+use tether_kernel::trace::{SpanCx, SpanId, SpanRecord, TraceId, Tracer};
 
-/// Most spans in one export request.
-const BATCH_MAX: usize = 512;
-/// How long the export thread gathers a batch before it sends what it has.
-const BATCH_WAIT: Duration = Duration::from_millis(500);
+/// Most spans in one export request (a command's stages may pass it by
+/// one command's marks, at most `stages::MARKS_MAX`): about 200 KB.
+const BATCH_MAX: usize = 2048;
+/// How long spans gather, once some came, before the export thread takes
+/// them: at 40,000 commands a second about 800 commands' spans, well
+/// inside the default queue of 2,048.
+const GATHER: Duration = Duration::from_millis(20);
+/// The export thread's wait for a first span when none is queued; a flush
+/// or a stop is answered at once.
+const IDLE_WAIT: Duration = Duration::from_millis(500);
+/// Gather rounds before the export thread looks at its idle wait again.
+const ROUNDS_MAX: usize = 1_000;
 /// The largest collector answer read (its body is not needed).
 const ANSWER_BYTES_MAX: usize = 64 * 1024;
 
@@ -67,66 +68,241 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
     Target::parse(endpoint).map(|_| ())
 }
 
-/// The tracer provider exporting to `otlp`, its export thread started.
-///
-/// # Errors
-/// The endpoint does not parse, the exporter cannot be built, or the
-/// thread cannot be started.
-pub fn provider(otlp: &Otlp) -> Result<SdkTracerProvider, String> {
-    let target = Target::parse(&otlp.endpoint)?;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(BlockingHttp {
-            target: target.clone(),
-            timeout: otlp.timeout,
-        })
-        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-        .with_endpoint(target.url())
-        .with_timeout(otlp.timeout)
-        .build()
-        .map_err(|e| format!("building the OTLP span exporter: {e}"))?;
-    let processor = BoundedExport::start(exporter, otlp.queue_max)?;
-    let ratio = if otlp.sample_ratio.is_finite() {
-        otlp.sample_ratio.clamp(0.0, 1.0)
-    } else {
-        1.0
-    };
-    let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
-        opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio),
-    ));
-    Ok(SdkTracerProvider::builder()
-        .with_sampler(sampler)
-        .with_span_processor(processor)
-        .with_resource(
-            Resource::builder()
-                .with_service_name(otlp.service_name.clone())
-                .build(),
-        )
-        .build())
+/// The exporter: ids, the sampler and the queue to the export thread.
+#[derive(Debug)]
+pub struct Exporter {
+    queue: SyncSender<Msg>,
+    sampler: Sampler,
 }
 
-/// The `tracing` layer that turns Tether's spans into OpenTelemetry spans
-/// for `provider`'s exporter, as `tether serve` installs it (and the
-/// `telemetry_load` bench measures it). What the layer adds by default and
-/// Tether does not need is off, since each costs time on every span or on
-/// every poll of an instrumented future: source locations, thread ids and
-/// names, the `target`, busy and idle times (two clock reads each time a span
-/// is entered), and activating an OpenTelemetry context on each entry (no
-/// other OpenTelemetry instrumentation runs in the process to read it).
-pub fn layer<S>(
-    provider: &SdkTracerProvider,
-) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>
-where
-    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-{
-    use opentelemetry::trace::TracerProvider as _;
-    tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("tether"))
-        .with_location(false)
-        .with_threads(false)
-        .with_target(false)
-        .with_tracked_inactivity(false)
-        .with_context_activation(false)
+enum Msg {
+    Span(Box<SpanRecord>),
+    /// Send what is queued, then answer.
+    Flush(SyncSender<()>),
+    Stop,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Span(_) => "Span",
+            Msg::Flush(_) => "Flush",
+            Msg::Stop => "Stop",
+        })
+    }
+}
+
+/// Keeps a trace Tether starts when its id falls under the ratio, the
+/// rule of OpenTelemetry's `TraceIdRatioBased` sampler: the id's last
+/// eight bytes, as a number, below `ratio` of their range.
+#[derive(Debug, Clone, Copy)]
+struct Sampler {
+    /// `ratio × 2⁶³`; the id's last eight bytes shifted right by one are
+    /// compared with it.
+    threshold: u64,
+    all: bool,
+}
+
+impl Sampler {
+    fn new(ratio: f64) -> Self {
+        let ratio = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        // Exact below 2⁶³ for every ratio < 1; 1 keeps every trace.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let threshold = (ratio * (1u64 << 63) as f64) as u64;
+        Self {
+            threshold,
+            all: ratio >= 1.0,
+        }
+    }
+
+    fn keeps(self, trace_id: &TraceId) -> bool {
+        let mut low = [0u8; 8];
+        low.copy_from_slice(&trace_id[8..]);
+        self.all || (u64::from_be_bytes(low) >> 1) < self.threshold
+    }
+}
+
+/// Random bytes that are not all zero (the W3C invalid id).
+fn nonzero<const N: usize>() -> [u8; N] {
+    let mut rng = rand::thread_rng();
+    loop {
+        let mut id = [0u8; N];
+        rng.fill(&mut id[..]);
+        if id != [0; N] {
+            return id;
+        }
+    }
+}
+
+impl Tracer for Exporter {
+    fn start_trace(&self) -> Option<SpanCx> {
+        let trace_id = nonzero::<16>();
+        self.sampler.keeps(&trace_id).then(|| SpanCx {
+            trace_id,
+            span_id: nonzero::<8>(),
+        })
+    }
+
+    fn span_id(&self) -> SpanId {
+        nonzero::<8>()
+    }
+
+    fn offer(&self, span: SpanRecord) {
+        let n = 1 + span.marks.len() as u64;
+        // Never waits: a full queue (a slow or absent collector) drops.
+        if self.queue.try_send(Msg::Span(Box::new(span))).is_err() {
+            SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Exporter {
+    /// The exporter to `otlp`, its export thread started.
+    ///
+    /// # Errors
+    /// The endpoint does not parse, or the thread cannot be started.
+    pub fn start(otlp: &Otlp) -> Result<Self, String> {
+        let target = Target::parse(&otlp.endpoint)?;
+        let (tx, rx) = sync_channel(otlp.queue_max.max(1));
+        let client = BlockingHttp {
+            target,
+            timeout: otlp.timeout,
+        };
+        let service = otlp.service_name.clone();
+        std::thread::Builder::new()
+            .name("tether-otlp".into())
+            .spawn(move || export_loop(&rx, &client, &service))
+            .map_err(|e| format!("starting the span export thread: {e}"))?;
+        Ok(Self {
+            queue: tx,
+            sampler: Sampler::new(otlp.sample_ratio),
+        })
+    }
+
+    /// Sends what is queued and waits for it, at most `wait`.
+    ///
+    /// # Errors
+    /// The export thread did not answer in time.
+    pub fn flush(&self, wait: Duration) -> Result<(), String> {
+        let (tx, rx) = sync_channel(1);
+        let until = Instant::now() + wait;
+        let mut msg = Msg::Flush(tx);
+        // `SyncSender` has no `send_timeout` on stable: offer until due.
+        loop {
+            match self.queue.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < until => {
+                    msg = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return Err("the span export queue did not take the flush".into()),
+            }
+        }
+        rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+            .map_err(|_| "the span export thread did not flush in time".to_owned())
+    }
+
+    /// Flushes (at most `wait`) and ends the export thread.
+    pub fn shutdown(&self, wait: Duration) {
+        if let Err(e) = self.flush(wait) {
+            tracing::debug!(error = %e, "the span exporter did not flush at shutdown");
+        }
+        // A full queue leaves the thread to end with the process.
+        let _ = self.queue.try_send(Msg::Stop);
+    }
+}
+
+/// What the export thread does next.
+enum Next {
+    Go,
+    /// Answer once what is gathered is sent.
+    Flush(SyncSender<()>),
+    Stop,
+}
+
+/// Takes one message into `batch`.
+fn take(msg: Msg, batch: &mut Batch) -> Next {
+    match msg {
+        Msg::Span(s) => {
+            batch.push(&s, nonzero::<8>);
+            Next::Go
+        }
+        Msg::Flush(done) => Next::Flush(done),
+        Msg::Stop => Next::Stop,
+    }
+}
+
+/// Waits (at most [`IDLE_WAIT`]) for the first span of a burst, lets spans
+/// gather for [`GATHER`], then sends what came, [`BATCH_MAX`] spans a
+/// request, until the queue is found empty. While
+/// it sleeps a span's offer wakes nobody: at tens of thousands of commands
+/// a second, waking this thread for each cost the callers more than the
+/// encoding. Ends when told or when the exporter is gone.
+fn export_loop(rx: &Receiver<Msg>, client: &BlockingHttp, service: &str) {
+    let mut batch = Batch::new();
+    let mut body = Vec::new();
+    loop {
+        let mut next = match rx.recv_timeout(IDLE_WAIT) {
+            Ok(msg) => take(msg, &mut batch),
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => Next::Stop,
+        };
+        // A bounded number of rounds between two looks at the idle wait:
+        // the loop also ends when the queue is found empty.
+        for round in 0..ROUNDS_MAX {
+            // Only the first round sleeps: a later one runs because the
+            // last request was full and more is waiting.
+            if round == 0 && matches!(next, Next::Go) {
+                std::thread::sleep(GATHER);
+            }
+            let mut empty = false;
+            while matches!(next, Next::Go) && batch.spans() < BATCH_MAX {
+                next = match rx.try_recv() {
+                    Ok(msg) => take(msg, &mut batch),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {
+                        empty = true;
+                        break;
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => Next::Stop,
+                };
+            }
+            if batch.spans() > 0 {
+                batch.finish(service, &mut body);
+                send(client, &body, batch.spans());
+                batch.clear();
+            }
+            match std::mem::replace(&mut next, Next::Go) {
+                Next::Go if empty => break,
+                Next::Go => {}
+                Next::Flush(done) => {
+                    let _ = done.try_send(());
+                }
+                Next::Stop => return,
+            }
+        }
+    }
+}
+
+/// Posts one encoded batch of `n` spans; counts them exported or dropped.
+fn send(client: &BlockingHttp, body: &[u8], n: usize) {
+    let n = u64::try_from(n).unwrap_or(u64::MAX);
+    match client.post(body) {
+        Ok(status) if (200..300).contains(&status) => {
+            SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(status) => {
+            tracing::debug!(status, "the collector refused a span batch");
+            SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "a span batch did not reach the collector");
+            SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Where spans go: the collector's address and the request path.
@@ -152,218 +328,10 @@ impl Target {
         Ok(Self { host, port, path })
     }
 
+    #[cfg(test)]
     fn url(&self) -> String {
         format!("http://{}:{}{}", self.host, self.port, self.path)
     }
-}
-
-/// A span processor with a bounded queue of its own and one export thread.
-#[derive(Debug)]
-struct BoundedExport {
-    queue: SyncSender<Msg>,
-    exporter: Arc<Mutex<opentelemetry_otlp::SpanExporter>>,
-}
-
-enum Msg {
-    Span(Box<SpanData>),
-    /// Flush what is queued, then answer.
-    Flush(SyncSender<()>),
-    Stop,
-}
-
-impl BoundedExport {
-    fn start(exporter: opentelemetry_otlp::SpanExporter, queue: usize) -> Result<Self, String> {
-        let (tx, rx) = sync_channel(queue.max(1));
-        let exporter = Arc::new(Mutex::new(exporter));
-        let worker = Arc::clone(&exporter);
-        std::thread::Builder::new()
-            .name("tether-otlp".into())
-            .spawn(move || export_loop(&rx, &worker))
-            .map_err(|e| format!("starting the span export thread: {e}"))?;
-        Ok(Self {
-            queue: tx,
-            exporter,
-        })
-    }
-
-    /// Asks the export thread and waits, at most `wait`.
-    fn ask(&self, msg: impl FnOnce(SyncSender<()>) -> Msg, wait: Duration) -> OTelSdkResult {
-        let (tx, rx) = sync_channel(1);
-        self.queue
-            .send_timeout_compat(msg(tx), wait)
-            .map_err(|()| OTelSdkError::Timeout(wait))?;
-        rx.recv_timeout(wait)
-            .map_err(|_| OTelSdkError::Timeout(wait))
-    }
-}
-
-/// `SyncSender::send` bounded in time (std has no `send_timeout` on stable).
-trait SendTimeout<T> {
-    fn send_timeout_compat(&self, v: T, wait: Duration) -> Result<(), ()>;
-}
-
-impl<T> SendTimeout<T> for SyncSender<T> {
-    fn send_timeout_compat(&self, v: T, wait: Duration) -> Result<(), ()> {
-        let until = Instant::now() + wait;
-        let mut v = v;
-        loop {
-            match self.try_send(v) {
-                Ok(()) => return Ok(()),
-                Err(TrySendError::Disconnected(_)) => return Err(()),
-                Err(TrySendError::Full(back)) if Instant::now() < until => {
-                    v = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(TrySendError::Full(_)) => return Err(()),
-            }
-        }
-    }
-}
-
-impl SpanProcessor for BoundedExport {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        // Never waits: a full queue (a slow or absent collector) drops.
-        if self.queue.try_send(Msg::Span(Box::new(span))).is_err() {
-            SPANS_DROPPED.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.ask(Msg::Flush, Duration::from_secs(5))
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.ask(Msg::Flush, timeout)?;
-        // The thread ends at `Stop`; a full queue just leaves it to end with
-        // the process.
-        let _ = self.queue.try_send(Msg::Stop);
-        Ok(())
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        if let Ok(mut e) = self.exporter.lock() {
-            e.set_resource(resource);
-        }
-    }
-}
-
-/// Gathers batches (up to [`BATCH_MAX`] spans or [`BATCH_WAIT`]) and sends
-/// each once; ends when told or when the processor is gone.
-fn export_loop(rx: &Receiver<Msg>, exporter: &Mutex<opentelemetry_otlp::SpanExporter>) {
-    // A batch may pass BATCH_MAX by one command's stages (at most MARKS_MAX).
-    let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH_MAX + stages::MARKS_MAX);
-    let ids = RandomIdGenerator::default();
-    loop {
-        let deadline = Instant::now() + BATCH_WAIT;
-        let mut flush = None;
-        let mut stop = false;
-        while batch.len() < BATCH_MAX {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(Msg::Span(s)) => expand(*s, &ids, &mut batch),
-                Ok(Msg::Flush(done)) => {
-                    flush = Some(done);
-                    break;
-                }
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
-                    stop = true;
-                    break;
-                }
-                Err(RecvTimeoutError::Timeout) => break,
-            }
-        }
-        if !batch.is_empty() {
-            send(exporter, std::mem::take(&mut batch));
-        }
-        if let Some(done) = flush {
-            let _ = done.try_send(());
-        }
-        if stop {
-            return;
-        }
-    }
-}
-
-/// Adds `span` to `batch`, and when it is a command's span carrying its
-/// stage table ([`stages::FIELD`]), the table's marks as its child spans
-/// (built here, on the export thread, so a traced command pays two clock
-/// reads a stage instead of a span a stage). The table itself is not
-/// exported; one that does not decode gives no child.
-fn expand(mut span: SpanData, ids: &RandomIdGenerator, batch: &mut Vec<SpanData>) {
-    let Some(at) = span
-        .attributes
-        .iter()
-        .position(|kv| kv.key.as_str() == stages::FIELD)
-    else {
-        batch.push(span);
-        return;
-    };
-    let table = span.attributes.swap_remove(at);
-    let marks = stages::decode(&table.value.as_str()).unwrap_or_default();
-    let mut made: Vec<SpanId> = Vec::with_capacity(marks.len());
-    for m in &marks {
-        let id = ids.new_span_id();
-        let parent = m
-            .parent
-            .and_then(|p| made.get(p).copied())
-            .unwrap_or(span.span_context.span_id());
-        made.push(id);
-        batch.push(stage_span(&span, m, id, parent));
-    }
-    batch.push(span);
-}
-
-/// The child span of `command` for its stage `m`.
-fn stage_span(command: &SpanData, m: &stages::Mark, id: SpanId, parent: SpanId) -> SpanData {
-    let cx = &command.span_context;
-    let at = |ns: u64| command.start_time + Duration::from_nanos(ns);
-    let attributes = if m.name == "tether.commit" {
-        Vec::new()
-    } else {
-        vec![KeyValue::new("step", m.name)]
-    };
-    SpanData {
-        span_context: SpanContext::new(
-            cx.trace_id(),
-            id,
-            cx.trace_flags(),
-            false,
-            cx.trace_state().clone(),
-        ),
-        parent_span_id: parent,
-        parent_span_is_remote: false,
-        span_kind: SpanKind::Internal,
-        name: Cow::Borrowed(m.name),
-        start_time: at(m.start_ns),
-        end_time: at(m.end_ns),
-        attributes,
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
-        status: Status::Unset,
-        instrumentation_scope: command.instrumentation_scope.clone(),
-    }
-}
-
-fn send(exporter: &Mutex<opentelemetry_otlp::SpanExporter>, batch: Vec<SpanData>) {
-    let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-    let Ok(e) = exporter.lock() else {
-        SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
-        return;
-    };
-    // The client below never awaits anything but its own blocking work.
-    match futures_executor::block_on(e.export(batch)) {
-        Ok(()) => SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed),
-        Err(err) => {
-            tracing::debug!(error = %err, "a span batch was not taken by the collector");
-            SPANS_DROPPED.fetch_add(n, Ordering::Relaxed)
-        }
-    };
 }
 
 /// A blocking HTTP/1.1 client for the export thread: one connection per
@@ -374,157 +342,43 @@ struct BlockingHttp {
     timeout: Duration,
 }
 
-#[async_trait::async_trait]
-impl HttpClient for BlockingHttp {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let status = self.post(request.body(), request.headers())?;
-        let mut answer = Response::new(Bytes::new());
-        *answer.status_mut() = http::StatusCode::from_u16(status)?;
-        Ok(answer)
-    }
-}
-
 impl BlockingHttp {
-    /// POSTs `body` to the target; answers the HTTP status.
-    fn post(&self, body: &[u8], headers: &http::HeaderMap) -> Result<u16, HttpError> {
+    /// POSTs `body` (an OTLP protobuf request) to the target; answers the
+    /// HTTP status.
+    fn post(&self, body: &[u8]) -> Result<u16, String> {
+        let io = |e: std::io::Error| e.to_string();
         let addr: SocketAddr = (self.target.host.as_str(), self.target.port)
-            .to_socket_addrs()?
+            .to_socket_addrs()
+            .map_err(io)?
             .next()
             .ok_or("the collector's host does not resolve")?;
-        let mut tcp = TcpStream::connect_timeout(&addr, self.timeout)?;
-        tcp.set_read_timeout(Some(self.timeout))?;
-        tcp.set_write_timeout(Some(self.timeout))?;
-        let mut head = format!(
-            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        let mut tcp = TcpStream::connect_timeout(&addr, self.timeout).map_err(io)?;
+        tcp.set_read_timeout(Some(self.timeout)).map_err(io)?;
+        tcp.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        let head = format!(
+            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.target.path,
             self.target.host,
             self.target.port,
             body.len()
         );
-        for (name, value) in headers {
-            if let Ok(v) = value.to_str() {
-                if name != http::header::CONTENT_LENGTH && name != http::header::HOST {
-                    head.push_str(&format!("{name}: {v}\r\n"));
-                }
-            }
-        }
-        head.push_str("\r\n");
-        tcp.write_all(head.as_bytes())?;
-        tcp.write_all(body)?;
+        tcp.write_all(head.as_bytes()).map_err(io)?;
+        tcp.write_all(body).map_err(io)?;
         let mut answer = Vec::new();
         tcp.take(u64::try_from(ANSWER_BYTES_MAX).unwrap_or(u64::MAX))
-            .read_to_end(&mut answer)?;
+            .read_to_end(&mut answer)
+            .map_err(io)?;
         let text = String::from_utf8_lossy(&answer);
-        let status = text
-            .strip_prefix("HTTP/1.")
+        text.strip_prefix("HTTP/1.")
             .and_then(|rest| rest.get(2..5))
             .and_then(|code| code.parse::<u16>().ok())
-            .ok_or("the collector's answer is not HTTP")?;
-        Ok(status)
+            .ok_or_else(|| "the collector's answer is not HTTP".to_owned())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn command_span(table: &str) -> SpanData {
-        let cx = SpanContext::new(
-            opentelemetry::trace::TraceId::from(7u128),
-            SpanId::from(9u64),
-            opentelemetry::trace::TraceFlags::SAMPLED,
-            false,
-            opentelemetry::trace::TraceState::default(),
-        );
-        let start = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
-        SpanData {
-            span_context: cx,
-            parent_span_id: SpanId::from(3u64),
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Internal,
-            name: Cow::Borrowed("tether.command"),
-            start_time: start,
-            end_time: start + Duration::from_micros(50),
-            attributes: vec![
-                KeyValue::new("device", "thermostat-1"),
-                KeyValue::new(stages::FIELD, table.to_owned()),
-            ],
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: opentelemetry::InstrumentationScope::builder("tether").build(),
-        }
-    }
-
-    #[test]
-    fn a_command_span_s_stage_table_becomes_its_child_spans_on_the_export_thread() {
-        // checks (4) holds policy (5); dispatch (6) holds driver (7).
-        let table = "0 - 100 200;4 - 300 900;5 1 400 800;6 - 1000 5000;7 3 1100 4000";
-        let mut batch = Vec::new();
-        expand(
-            command_span(table),
-            &RandomIdGenerator::default(),
-            &mut batch,
-        );
-        let names: Vec<&str> = batch.iter().map(|s| s.name.as_ref()).collect();
-        assert_eq!(
-            names,
-            [
-                "arrive",
-                "checks",
-                "policy",
-                "dispatch",
-                "driver",
-                "tether.command"
-            ]
-        );
-        let command = &batch[5];
-        assert!(
-            command
-                .attributes
-                .iter()
-                .all(|kv| kv.key.as_str() != stages::FIELD),
-            "the table itself is not exported"
-        );
-        assert_eq!(command.attributes.len(), 1);
-        let id = |i: usize| batch[i].span_context.span_id();
-        let cmd = command.span_context.span_id();
-        let parents: Vec<SpanId> = batch[..5].iter().map(|s| s.parent_span_id).collect();
-        assert_eq!(parents, [cmd, cmd, id(1), cmd, id(3)]);
-        for s in &batch[..5] {
-            assert_eq!(s.span_context.trace_id(), command.span_context.trace_id());
-            assert!(s.span_context.is_sampled());
-            assert_ne!(s.span_context.span_id(), cmd);
-            assert_eq!(
-                s.attributes,
-                vec![KeyValue::new("step", s.name.clone().into_owned())]
-            );
-        }
-        assert_eq!(
-            batch[2].start_time,
-            command.start_time + Duration::from_nanos(400)
-        );
-        assert_eq!(
-            batch[4].end_time,
-            command.start_time + Duration::from_nanos(4000)
-        );
-    }
-
-    #[test]
-    fn a_table_that_does_not_decode_gives_the_command_span_alone() {
-        for bad in ["99 - 1 2", "0 0 1 2", "garbage"] {
-            let mut batch = Vec::new();
-            expand(command_span(bad), &RandomIdGenerator::default(), &mut batch);
-            assert_eq!(batch.len(), 1, "{bad:?}");
-            assert_eq!(batch[0].attributes.len(), 1, "{bad:?}");
-        }
-        let mut batch = Vec::new();
-        let mut plain = command_span("");
-        plain.attributes.truncate(1);
-        expand(plain.clone(), &RandomIdGenerator::default(), &mut batch);
-        assert_eq!(batch, vec![plain]);
-    }
 
     #[test]
     fn an_endpoint_without_a_path_sends_to_v1_traces() {
@@ -534,5 +388,202 @@ mod tests {
         assert_eq!(t.url(), "http://collector:80/otlp/v1/traces");
         assert!(Target::parse("https://collector:4318").is_err());
         assert!(Target::parse("not a url").is_err());
+    }
+
+    #[test]
+    fn the_sampler_keeps_its_share_of_traces() {
+        let ids: Vec<TraceId> = (0..20_000).map(|_| nonzero::<16>()).collect();
+        let kept = |ratio: f64| {
+            let s = Sampler::new(ratio);
+            ids.iter().filter(|id| s.keeps(id)).count()
+        };
+        assert_eq!(kept(1.0), ids.len());
+        assert_eq!(kept(f64::NAN), ids.len());
+        assert_eq!(kept(0.0), 0);
+        let tenth = kept(0.1);
+        assert!((1_600..2_400).contains(&tenth), "kept {tenth} of 20,000");
+    }
+
+    /// A collector that takes one request and answers `status`; answers
+    /// the request's head and body.
+    fn one_request(status: u16) -> (u16, std::thread::JoinHandle<(String, Vec<u8>)>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let handle = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = conn.read(&mut buf).expect("read");
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).into_owned();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .expect("length");
+                    if got.len() >= end + 4 + len {
+                        let body = got[end + 4..end + 4 + len].to_vec();
+                        let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n");
+                        conn.write_all(answer.as_bytes()).expect("answer");
+                        return (text[..end].to_owned(), body);
+                    }
+                }
+                assert!(n > 0, "closed early");
+            }
+        });
+        (port, handle)
+    }
+
+    #[test]
+    fn a_batch_is_posted_as_protobuf_and_a_refusal_is_a_status() {
+        for status in [200, 503] {
+            let (port, collector) = one_request(status);
+            let client = BlockingHttp {
+                target: Target::parse(&format!("http://127.0.0.1:{port}")).expect("target"),
+                timeout: Duration::from_secs(5),
+            };
+            assert_eq!(client.post(b"\x0a\x00"), Ok(status));
+            let (head, body) = collector.join().expect("collector");
+            assert!(head.starts_with("POST /v1/traces HTTP/1.1"), "{head}");
+            assert!(
+                head.contains("Content-Type: application/x-protobuf"),
+                "{head}"
+            );
+            assert_eq!(body, b"\x0a\x00");
+        }
+        // Nobody listening: an error, promptly.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = closed.local_addr().expect("addr").port();
+        drop(closed);
+        let client = BlockingHttp {
+            target: Target::parse(&format!("http://127.0.0.1:{port}")).expect("target"),
+            timeout: Duration::from_secs(5),
+        };
+        assert!(client.post(b"").is_err());
+    }
+
+    /// A collector that takes requests until dropped, answering 200 and
+    /// keeping each request's span count.
+    fn collector() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<usize>>>) {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message as _;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut got = Vec::new();
+                let mut buf = vec![0u8; 1 << 16];
+                let body = loop {
+                    let n = conn.read(&mut buf).expect("read");
+                    assert!(n > 0, "closed early");
+                    got.extend_from_slice(&buf[..n]);
+                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&got[..end]).into_owned();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .expect("length");
+                    if got.len() >= end + 4 + len {
+                        break got[end + 4..end + 4 + len].to_vec();
+                    }
+                };
+                let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("decodes");
+                let n = req.resource_spans[0].scope_spans[0].spans.len();
+                keep.lock().expect("seen").push(n);
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+            }
+        });
+        (port, seen)
+    }
+
+    fn record(i: u64) -> SpanRecord {
+        let mark = |name, parent| tether_kernel::stages::Mark {
+            name,
+            parent,
+            start_ns: 10,
+            end_ns: 20,
+        };
+        SpanRecord {
+            cx: SpanCx {
+                trace_id: [1; 16],
+                span_id: i.to_be_bytes(),
+            },
+            parent: None,
+            parent_remote: false,
+            name: "tether.command",
+            kind: tether_kernel::trace::SpanKind::Internal,
+            start_unix_ns: 1,
+            end_unix_ns: 2,
+            attributes: Vec::new(),
+            marks: vec![mark("checks", None), mark("policy", Some(0))],
+        }
+    }
+
+    #[test]
+    fn every_span_offered_reaches_the_collector_in_bounded_requests() {
+        let (port, seen) = collector();
+        let exporter = Exporter::start(&Otlp {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            service_name: "t".into(),
+            queue_max: 4096,
+            timeout: Duration::from_secs(5),
+            sample_ratio: 1.0,
+        })
+        .expect("exporter");
+        // In bursts, so that some land while the thread gathers and some
+        // while it waits for a first span.
+        for burst in 0..4u64 {
+            for i in 0..1_000 {
+                exporter.offer(record(burst * 1_000 + i + 1));
+            }
+            if burst == 1 {
+                std::thread::sleep(IDLE_WAIT + GATHER);
+            }
+        }
+        exporter.flush(Duration::from_secs(10)).expect("flushed");
+        let counts = seen.lock().expect("seen").clone();
+        assert_eq!(counts.iter().sum::<usize>(), 12_000, "{counts:?}");
+        let largest = counts.iter().max().copied().unwrap_or(0);
+        assert!(
+            largest <= BATCH_MAX + tether_kernel::stages::MARKS_MAX,
+            "{counts:?}"
+        );
+        assert!(counts.len() >= 12_000 / (BATCH_MAX + 3), "{counts:?}");
+        exporter.shutdown(Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_dead_collector_drops_spans_and_a_flush_still_answers() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = closed.local_addr().expect("addr").port();
+        drop(closed);
+        let exporter = Exporter::start(&Otlp {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            service_name: "t".into(),
+            queue_max: 8,
+            timeout: Duration::from_secs(1),
+            sample_ratio: 1.0,
+        })
+        .expect("exporter");
+        let dropped = SPANS_DROPPED.load(Ordering::Relaxed);
+        // More than the queue holds: the rest are dropped at the offer.
+        for i in 0..100 {
+            exporter.offer(record(i + 1));
+        }
+        exporter.flush(Duration::from_secs(10)).expect("flushed");
+        // Every span was dropped, at the offer or at the refused send.
+        assert!(
+            SPANS_DROPPED.load(Ordering::Relaxed) - dropped >= 300,
+            "dropped {}",
+            SPANS_DROPPED.load(Ordering::Relaxed) - dropped
+        );
     }
 }
