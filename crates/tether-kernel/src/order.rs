@@ -22,7 +22,7 @@ use crate::check::Effects;
 use crate::dispatch::answer::Answer;
 use crate::dispatch::rider::Rider;
 use crate::kernel::{Kernel, Principal};
-use crate::stages::{stage, step, Stages};
+use crate::stages::{stage, step, Stage, Stages};
 use crate::trace::{Active, SpanKind};
 use crate::{ApiError, CommandOptions, CommandRequest, Route};
 use serde_json::{json, Value};
@@ -262,8 +262,8 @@ impl Kernel {
         if req.route == Route::Write {
             self.write_route(&mut req)?; // a write names the configure binding
         }
-        let arrival = step("arrive", || self.arrive(p, &req))?; // the id, the device, step 2a, the deadline
-        let binding = match step("resolve", || self.resolve_step(&req, arrival.device))? {
+        let arrival = step(Stage::Arrive, || self.arrive(p, &req))?; // the id, the device, step 2a, the deadline
+        let binding = match step(Stage::Resolve, || self.resolve_step(&req, arrival.device))? {
             Ok(binding) => binding, // step 3
             Err(refusal) => {
                 return Ok(self
@@ -271,19 +271,19 @@ impl Kernel {
                     .await)
             }
         };
-        let session_id = step("grant", || {
+        let session_id = step(Stage::Grant, || {
             self.grant_step(p, &req, arrival.device, binding)
         })?; // step 2b
         if self.is_estop_binding(arrival.device, binding) {
             return Ok(self.estop_binding(p, &req, &arrival).await); // stops skip the rest
         }
         let ctx = self.context(p, req, arrival, (binding, session_id), rider);
-        let claim = stage("claim", self.claim_step(&ctx)).await;
+        let claim = stage(Stage::Claim, self.claim_step(&ctx)).await;
         if let Err(answer) = claim {
             return Ok(answer); // step 4: a replay, or a reused id refused
         }
         let t_checks = Instant::now();
-        let checked = step("checks", || self.checks(&ctx, Effects::Real)); // steps 5 to 11
+        let checked = step(Stage::Checks, || self.checks(&ctx, Effects::Real)); // steps 5 to 11
         self.inner.meters.decision.observe(t_checks.elapsed());
         match checked {
             Ok(admitted) => {
@@ -291,7 +291,8 @@ impl Kernel {
                     // The receiver may have stopped waiting; dispatch goes on.
                     let _ = tx.send(());
                 }
-                stage("dispatch", self.dispatch(ctx, admitted, cancel)).await // step 12
+                stage(Stage::Dispatch, self.dispatch(ctx, admitted, cancel)).await
+                // step 12
             }
             Err(refusal) => Ok(self.refuse_checked(&ctx, refusal).await),
         }

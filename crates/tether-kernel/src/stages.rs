@@ -1,17 +1,17 @@
-//! The stages a traced command ran, as timings carried on its span
+//! The stages a traced command ran, as timings carried with its span
 //! (issue 22 §2, docs/TELEMETRY.md).
 //!
 //! A trace shows each stage of the evaluation order that ran (`arrive`,
 //! `resolve`, `grant`, `claim`, `checks` and its `policy`, `dispatch` and
 //! its `driver`, each durable `tether.commit`) as a child span of the
-//! command. Built as `tracing` spans, those ten spans cost more CPU than the
-//! command itself (each is created, entered, closed, sampled and queued by
-//! the OpenTelemetry layer on the caller's thread). Here a stage is a
-//! [`Mark`] instead: two clock reads into a small table the command's task
-//! holds. When the command ends, [`Kernel::command`](crate::Kernel) writes
-//! the table on the command's span as one field, [`FIELD`], and the
-//! exporter (`tether_server::telemetry::otlp`, on its own thread) turns it
-//! back into child spans with [`decode`].
+//! command. Built one by one on the caller's thread, those ten spans would
+//! cost more CPU than the command itself. Here a stage is a [`Mark`]
+//! instead: two clock reads into a small table the command's task holds.
+//! When the command ends, [`Kernel::command`](crate::Kernel) hands the
+//! marks over with its trace span (`crate::trace`), and the exporter
+//! (`tether_server::telemetry`, on its own thread) writes each as a child
+//! span. For logs the table is also written, as text ([`decode`] reads it
+//! back), on the command's `tracing` span as the field [`FIELD`].
 //!
 //! **Owns:** the table, its text form and the names of the stages.
 //! **Never belongs here:** OpenTelemetry types (the exporter's), what a
@@ -41,6 +41,42 @@ pub const NAMES: &[&str] = &[
     "driver",
     "tether.commit",
 ];
+
+/// A stage of the evaluation order a trace shows, named by [`NAMES`] at
+/// its own index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stage {
+    /// Step 2a: the id, the device, the deadline.
+    Arrive = 0,
+    /// Step 3: the binding.
+    Resolve,
+    /// Step 2b: the session's grant.
+    Grant,
+    /// Step 4: the `command_id` claim.
+    Claim,
+    /// Steps 5 to 11.
+    Checks,
+    /// Step 10, inside the checks.
+    Policy,
+    /// Step 12.
+    Dispatch,
+    /// The driver call, inside dispatch.
+    Driver,
+    /// An awaited durable commit.
+    Commit,
+}
+
+// Each stage's index names it in NAMES.
+const _: () = assert!(NAMES.len() == Stage::Commit as usize + 1);
+
+impl Stage {
+    /// Its name in a trace.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        NAMES[self as usize]
+    }
+}
 
 /// The most marks one command records (a command runs at most ten; a stage
 /// beyond the bound is left out of its trace, nothing else changes).
@@ -109,9 +145,8 @@ impl Stages {
         CURRENT.scope(self, fut).await
     }
 
-    fn open(&self, name: &'static str) -> Option<Guard> {
-        let index = NAMES.iter().position(|n| *n == name)?;
-        let name = u8::try_from(index).ok()?;
+    fn open(&self, stage: Stage) -> Option<Guard> {
+        let name = stage as u8;
         let mut t = self.0.lock().ok()?;
         if t.marks.len() >= MARKS_MAX {
             return None;
@@ -203,19 +238,19 @@ impl Drop for Guard {
 
 /// Opens the stage `name` in the current task's table, if its command is
 /// traced; the stage ends when the guard is dropped.
-pub(crate) fn enter(name: &'static str) -> Option<Guard> {
-    CURRENT.try_with(|s| s.open(name)).ok().flatten()
+pub(crate) fn enter(stage: Stage) -> Option<Guard> {
+    CURRENT.try_with(|s| s.open(stage)).ok().flatten()
 }
 
 /// Runs a synchronous stage as a mark of its command's table.
-pub(crate) fn step<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
-    let _stage = enter(name);
+pub(crate) fn step<T>(stage: Stage, f: impl FnOnce() -> T) -> T {
+    let _stage = enter(stage);
     f()
 }
 
 /// Runs an asynchronous stage as a mark of its command's table.
-pub(crate) async fn stage<F: Future>(name: &'static str, fut: F) -> F::Output {
-    let _stage = enter(name);
+pub(crate) async fn stage<F: Future>(stage: Stage, fut: F) -> F::Output {
+    let _stage = enter(stage);
     fut.await
 }
 
@@ -264,11 +299,11 @@ mod tests {
         stages
             .clone()
             .scope(async {
-                step("arrive", || ());
-                step("checks", || step("policy", || ()));
-                stage("dispatch", async {
-                    let _driver = enter("driver");
-                    step("tether.commit", || ());
+                step(Stage::Arrive, || ());
+                step(Stage::Checks, || step(Stage::Policy, || ()));
+                stage(Stage::Dispatch, async {
+                    let _driver = enter(Stage::Driver);
+                    step(Stage::Commit, || ());
                 })
                 .await;
             })
@@ -302,9 +337,9 @@ mod tests {
 
     #[tokio::test]
     async fn outside_a_traced_command_a_stage_records_nothing_and_still_runs() {
-        assert!(enter("arrive").is_none());
-        assert_eq!(step("arrive", || 7), 7);
-        assert_eq!(stage("claim", async { 8 }).await, 8);
+        assert!(enter(Stage::Arrive).is_none());
+        assert_eq!(step(Stage::Arrive, || 7), 7);
+        assert_eq!(stage(Stage::Claim, async { 8 }).await, 8);
     }
 
     #[tokio::test]
@@ -314,16 +349,16 @@ mod tests {
             .clone()
             .scope(async {
                 for _ in 0..MARKS_MAX + 5 {
-                    step("tether.commit", || ());
+                    step(Stage::Commit, || ());
                 }
-                enter("driver")
+                enter(Stage::Driver)
             })
             .await;
         assert!(left.is_none(), "the table was full");
         let marks = decode(&stages.encode()).expect("decodes");
         assert_eq!(marks.len(), MARKS_MAX);
         let open = Stages::new(Instant::now());
-        let guard = open.clone().scope(async { enter("driver") }).await;
+        let guard = open.clone().scope(async { enter(Stage::Driver) }).await;
         assert!(guard.is_some());
         let marks = decode(&open.encode()).expect("decodes");
         assert_eq!(marks.len(), 1);

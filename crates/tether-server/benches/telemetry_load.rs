@@ -1,16 +1,18 @@
 //! `durable_load` with telemetry off and on, in one run (issue 22 §2,
 //! docs/PERFORMANCE.md, docs/TELEMETRY.md): the same 64 callers sending
 //! setpoint commands through a kernel on SQLite (WAL, synchronous=FULL,
-//! group commit), first with no tracer (telemetry off, as `tether serve`
-//! without `otlp_endpoint`), then with the exporter `tether serve` gives
+//! group commit), with no tracer (telemetry off, as `tether serve`
+//! without `otlp_endpoint`) and with the exporter `tether serve` gives
 //! the kernel, sending over OTLP/HTTP through `telemetry::otlp` to a live
 //! receiver on loopback (a thread that reads every request and answers
 //! 200). Both runs have the log subscriber `tether serve` installs, at its
 //! default level.
 //!
 //! Run: `cargo bench -p tether-server --bench telemetry_load` (optionally
-//! `-- CALLERS COMMANDS_PER_CALLER`; `TELEMETRY_SAMPLE_RATIO`). Prints
-//! `FIGURE` lines.
+//! `-- CALLERS COMMANDS_PER_CALLER`; `TELEMETRY_SAMPLE_RATIO`,
+//! `TELEMETRY_ROUNDS` off/on pairs run alternately, default 3, and
+//! `TELEMETRY_EXPORT=none` for spans made but never sent). Prints `FIGURE`
+//! lines, each round's ratio and their median.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -51,13 +53,17 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(1.0);
+    // TELEMETRY_ROUNDS: off/on pairs run alternately (default 3), so that a
+    // drift of the machine (disk phase, a neighbour) weighs on both halves.
+    let rounds: usize = std::env::var("TELEMETRY_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
         .init();
-    let off = run_load(callers, per_caller, None);
-    print("telemetry_off", &off, callers);
-
     let port = start_receiver();
     let exporter = Arc::new(
         tether_server::telemetry::otlp::Exporter::start(&tether_server::telemetry::otlp::Otlp {
@@ -78,14 +84,27 @@ fn main() {
     } else {
         TraceSink(exporter.clone())
     };
-    let on = run_load(callers, per_caller, Some(sink));
-    print("telemetry_on", &on, callers);
+    let mut ratios = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        let off = run_load(callers, per_caller, None);
+        print(&format!("telemetry_off round={round}"), &off, callers);
+        let on = run_load(callers, per_caller, Some(sink.clone()));
+        print(&format!("telemetry_on round={round}"), &on, callers);
+        let r = on.per_second() / off.per_second().max(f64::MIN_POSITIVE);
+        println!(
+            "FIGURE telemetry_round round={round} throughput_ratio={r:.2} cpu_ratio={:.2}",
+            on.cpu_us() / off.cpu_us()
+        );
+        ratios.push(r);
+    }
     exporter.shutdown(Duration::from_secs(5));
+    ratios.sort_by(f64::total_cmp);
     println!("FIGURE telemetry_sample_ratio ratio={ratio}");
     println!(
-        "FIGURE telemetry_on_vs_off throughput_ratio={:.2} cpu_ratio={:.2} spans_exported={} spans_dropped={} export_requests={} export_bytes={}",
-        on.per_second() / off.per_second().max(f64::MIN_POSITIVE),
-        on.cpu_us() / off.cpu_us(),
+        "FIGURE telemetry_on_vs_off rounds={rounds} median_throughput_ratio={:.2} min={:.2} max={:.2} spans_exported={} spans_dropped={} export_requests={} export_bytes={}",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
         SPANS_EXPORTED.load(Ordering::Relaxed),
         SPANS_DROPPED.load(Ordering::Relaxed),
         RECEIVED.load(Ordering::Relaxed),

@@ -62,7 +62,9 @@ impl Kernel {
         structure_step(dev, b, rt, &ctx.input)?; // 7
         limits_step(dev, b, &ctx.input)?; // 8
         check_schema(&rt.full, rt.class_full.as_ref(), &ctx.input)?; // 9: remaining bounds
-        crate::stages::step("policy", || self.policy_gate(ctx, b, effects))?; // 10: allow / hold / deny, approval route
+        crate::stages::step(crate::stages::Stage::Policy, || {
+            self.policy_gate(ctx, b, effects)
+        })?; // 10: allow / hold / deny, approval route
         if let Some(id) = &ctx.permit_id {
             self.check_permit(id, ctx, false)?; // 10: the permit of this exact input
         }

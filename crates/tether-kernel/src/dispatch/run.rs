@@ -194,7 +194,7 @@ impl Kernel {
         let op = op_id.to_owned();
         let device = self.device_index(dev.id());
         // The call's mark goes with it, into a task of its own if need be.
-        let stage = crate::stages::enter("driver");
+        let stage = crate::stages::enter(crate::stages::Stage::Driver);
         let mut call = Box::pin(async move {
             let _stage = stage;
             let r = driver.call(auth, task_cancel).await;

@@ -171,7 +171,7 @@ impl Kernel {
     ) -> Result<CommitAck, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let t0 = self.submitting();
-        let stage = crate::stages::enter("tether.commit");
+        let stage = crate::stages::enter(crate::stages::Stage::Commit);
         submit(Box::new(move |r| {
             let _ = tx.send(r);
         }));

@@ -182,9 +182,8 @@ impl Batch {
             start: command.start_unix_ns.saturating_add(m.start_ns),
             end: command.start_unix_ns.saturating_add(m.end_ns),
         };
-        // A stage carries its name as `step`; a commit needs none.
-        let step = (m.name != "tether.commit").then_some(("step", m.name));
-        self.add(&child, step.into_iter());
+        // The name says which stage it is; it carries no attribute.
+        self.add(&child, std::iter::empty());
     }
 
     fn add<'k>(
@@ -365,12 +364,7 @@ mod tests {
             assert_eq!(s.span_id, vec![u8::try_from(i + 1).expect("small"); 8]);
             assert_eq!(s.trace_id, vec![7; 16]);
             assert_eq!(s.kind, 1);
-            let step = attributes(&s.attributes);
-            if s.name == "tether.commit" {
-                assert!(step.is_empty());
-            } else {
-                assert_eq!(step, [("step".to_owned(), s.name.clone())]);
-            }
+            assert!(s.attributes.is_empty(), "{s:?}");
         }
         assert_eq!(spans[3].start_time_unix_nano, 1_000_000_000_400);
         assert_eq!(spans[5].end_time_unix_nano, 1_000_000_004_000);
