@@ -291,8 +291,8 @@ impl Kernel {
                     // The receiver may have stopped waiting; dispatch goes on.
                     let _ = tx.send(());
                 }
+                // Step 12.
                 stage(Stage::Dispatch, self.dispatch(ctx, admitted, cancel)).await
-                // step 12
             }
             Err(refusal) => Ok(self.refuse_checked(&ctx, refusal).await),
         }
