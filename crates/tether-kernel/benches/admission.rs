@@ -142,6 +142,18 @@ fn bench(c: &mut Criterion) {
         .expect("id")
         .to_owned();
     let req = request(&session, 42.0, None);
+    // What every await of a command moves and every spawn or `block_on`
+    // copies: the size of the command's future.
+    let fut = k.command(
+        &p,
+        request(&session, 42.0, None),
+        tether_kernel::CommandOptions::plain(),
+    );
+    println!(
+        "FIGURE command_future_bytes {}",
+        std::mem::size_of_val(&fut)
+    );
+    drop(fut);
 
     // Percentiles first, from plain loops.
     let mut samples = Vec::with_capacity(200_000);

@@ -214,7 +214,10 @@ impl Kernel {
         let logged = !span.is_disabled();
         let stages = (traced.is_some() || logged)
             .then(|| Stages::new(traced.as_ref().map_or_else(Instant::now, Active::started)));
-        let order = self.command_order(p, req, options);
+        // On the heap: the order's future is some 20 KB, and every wrapper
+        // below, every `spawn` and every `block_on` of a caller would copy
+        // it whole (PERFORMANCE.md, "The command's future").
+        let order = Box::pin(self.command_order(p, req, options));
         let answer = match &stages {
             Some(s) => s.clone().scope(order).instrument(span.clone()).await,
             None => order.instrument(span.clone()).await,
@@ -292,7 +295,9 @@ impl Kernel {
                     let _ = tx.send(());
                 }
                 // Step 12.
-                stage(Stage::Dispatch, self.dispatch(ctx, admitted, cancel)).await
+                // Boxed: the dispatch future is most of the order's size.
+                let dispatch = Box::pin(self.dispatch(ctx, admitted, cancel));
+                stage(Stage::Dispatch, dispatch).await
             }
             Err(refusal) => Ok(self.refuse_checked(&ctx, refusal).await),
         }
