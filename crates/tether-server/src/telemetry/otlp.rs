@@ -82,16 +82,6 @@ enum Msg {
     Stop,
 }
 
-impl std::fmt::Debug for Msg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Msg::Span(_) => "Span",
-            Msg::Flush(_) => "Flush",
-            Msg::Stop => "Stop",
-        })
-    }
-}
-
 /// Keeps a trace Tether starts when its id falls under the ratio, the
 /// rule of OpenTelemetry's `TraceIdRatioBased` sampler: the id's last
 /// eight bytes, as a number, below `ratio` of their range.
@@ -404,6 +394,30 @@ mod tests {
         assert!((1_600..2_400).contains(&tenth), "kept {tenth} of 20,000");
     }
 
+    /// One HTTP request read whole from `conn`: its head and its body (by
+    /// `Content-Length`).
+    fn read_request(conn: &mut TcpStream) -> (String, Vec<u8>) {
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = conn.read(&mut buf).expect("read");
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+            let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("length");
+            if got.len() >= end + 4 + len {
+                return (head, got[end + 4..end + 4 + len].to_vec());
+            }
+        }
+    }
+
     /// A collector that takes one request and answers `status`; answers
     /// the request's head and body.
     fn one_request(status: u16) -> (u16, std::thread::JoinHandle<(String, Vec<u8>)>) {
@@ -411,27 +425,10 @@ mod tests {
         let port = listener.local_addr().expect("addr").port();
         let handle = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().expect("accept");
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            loop {
-                let n = conn.read(&mut buf).expect("read");
-                got.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&got).into_owned();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let len: usize = text
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Content-Length: "))
-                        .and_then(|v| v.trim().parse().ok())
-                        .expect("length");
-                    if got.len() >= end + 4 + len {
-                        let body = got[end + 4..end + 4 + len].to_vec();
-                        let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n");
-                        conn.write_all(answer.as_bytes()).expect("answer");
-                        return (text[..end].to_owned(), body);
-                    }
-                }
-                assert!(n > 0, "closed early");
-            }
+            let (head, body) = read_request(&mut conn);
+            let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n");
+            conn.write_all(answer.as_bytes()).expect("answer");
+            (head, body)
         });
         (port, handle)
     }
@@ -476,25 +473,7 @@ mod tests {
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { return };
-                let mut got = Vec::new();
-                let mut buf = vec![0u8; 1 << 16];
-                let body = loop {
-                    let n = conn.read(&mut buf).expect("read");
-                    assert!(n > 0, "closed early");
-                    got.extend_from_slice(&buf[..n]);
-                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&got[..end]).into_owned();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Content-Length: "))
-                        .and_then(|v| v.trim().parse().ok())
-                        .expect("length");
-                    if got.len() >= end + 4 + len {
-                        break got[end + 4..end + 4 + len].to_vec();
-                    }
-                };
+                let (_, body) = read_request(&mut conn);
                 let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("decodes");
                 let n = req.resource_spans[0].scope_spans[0].spans.len();
                 keep.lock().expect("seen").push(n);
