@@ -1,21 +1,17 @@
 //! `[telemetry]` (issue 22 §2, docs/TELEMETRY.md): traces over OTLP
-//! (HTTP/protobuf) when `otlp_endpoint` is set, and who may read `GET
-//! /metrics`.
+//! (HTTP/protobuf or gRPC) when `otlp_endpoint` is set, and who may read
+//! `GET /metrics`.
 //!
 //! The spans are records of Tether's own (`tether_kernel::trace`); this
 //! module installs the log subscriber and, with an endpoint, starts the
 //! exporter (`tether_server::telemetry::otlp`: a bounded queue of its own,
 //! so a collector that is down never slows a command) that the kernel is
 //! then given as its tracer.
-//!
-//! gRPC is not offered: it would bring tonic, prost's gRPC runtime and a
-//! second HTTP/2 stack for what HTTP/protobuf already carries to every
-//! collector.
 
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
-use tether_server::telemetry::otlp::Exporter;
+use tether_server::telemetry::otlp::{Exporter, Protocol};
 
 /// Most spans waiting for export (default of `export_queue_max`).
 pub const EXPORT_QUEUE_DEFAULT: usize = 2048;
@@ -29,10 +25,11 @@ const EXPORT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {
-    /// The OTLP/HTTP collector (`http://host:4318`, or the full
-    /// `.../v1/traces` URL); traces are off when absent.
+    /// The OTLP collector (`http://host:4318`, or the full `.../v1/traces`
+    /// URL, over HTTP; `http://host:4317` over gRPC); traces are off when
+    /// absent.
     pub otlp_endpoint: Option<String>,
-    /// `http/protobuf`, the only protocol offered (the default).
+    /// `http/protobuf` (the default) or `grpc`.
     pub otlp_protocol: Option<String>,
     /// `service.name` of the spans (default `tether`).
     pub service_name: Option<String>,
@@ -54,17 +51,16 @@ impl TelemetryConfig {
     /// Every key that cannot be used, as `(field, message)`.
     pub fn defects(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        if let Some(e) = &self.otlp_endpoint {
-            if let Err(why) = tether_server::telemetry::otlp::check_endpoint(e) {
-                out.push(("telemetry.otlp_endpoint".into(), why));
+        let protocol = match self.protocol() {
+            Ok(p) => Some(p),
+            Err(why) => {
+                out.push(("telemetry.otlp_protocol".into(), why));
+                None
             }
-        }
-        if let Some(p) = &self.otlp_protocol {
-            if p != "http/protobuf" {
-                out.push((
-                    "telemetry.otlp_protocol".into(),
-                    format!("`{p}` is not offered: only `http/protobuf` (docs/TELEMETRY.md says why not gRPC)"),
-                ));
+        };
+        if let (Some(e), Some(protocol)) = (&self.otlp_endpoint, protocol) {
+            if let Err(why) = tether_server::telemetry::otlp::check_endpoint(e, protocol) {
+                out.push(("telemetry.otlp_endpoint".into(), why));
             }
         }
         if let Some(r) = self.sample_ratio {
@@ -96,6 +92,16 @@ impl TelemetryConfig {
             }
         }
         out
+    }
+
+    /// The protocol `otlp_protocol` names (HTTP/protobuf when absent).
+    ///
+    /// # Errors
+    /// A name that is not offered.
+    pub fn protocol(&self) -> Result<Protocol, String> {
+        self.otlp_protocol
+            .as_deref()
+            .map_or(Ok(Protocol::HttpProtobuf), Protocol::parse)
     }
 
     /// Whether `GET /metrics` is served without a token.
@@ -149,6 +155,7 @@ pub fn init(config: &TelemetryConfig, log_default: &str) -> anyhow::Result<Guard
     );
     let otlp = tether_server::telemetry::otlp::Otlp {
         endpoint: endpoint.clone(),
+        protocol: config.protocol().map_err(anyhow::Error::msg)?,
         service_name: config
             .service_name
             .clone()
@@ -196,18 +203,40 @@ mod tests {
     fn unknown_protocols_endpoints_and_bounds_are_defects() {
         let c = TelemetryConfig {
             otlp_endpoint: Some("https://collector".into()),
-            otlp_protocol: Some("grpc".into()),
+            otlp_protocol: Some("http/json".into()),
             export_queue_max: Some(0),
             ..TelemetryConfig::default()
         };
         let fields: Vec<_> = c.defects().into_iter().map(|(f, _)| f).collect();
         assert_eq!(
             fields,
-            [
-                "telemetry.otlp_endpoint",
-                "telemetry.otlp_protocol",
-                "telemetry.export_queue_max"
-            ]
+            ["telemetry.otlp_protocol", "telemetry.export_queue_max"]
+        );
+        let c = TelemetryConfig {
+            otlp_endpoint: Some("https://collector".into()),
+            ..TelemetryConfig::default()
+        };
+        let fields: Vec<_> = c.defects().into_iter().map(|(f, _)| f).collect();
+        assert_eq!(fields, ["telemetry.otlp_endpoint"]);
+    }
+
+    #[test]
+    fn grpc_is_offered_and_its_endpoint_names_no_path() {
+        let grpc = |endpoint: &str| TelemetryConfig {
+            otlp_endpoint: Some(endpoint.into()),
+            otlp_protocol: Some("grpc".into()),
+            ..TelemetryConfig::default()
+        };
+        assert!(grpc("http://127.0.0.1:4317").defects().is_empty());
+        assert!(grpc("http://collector:4317/").defects().is_empty());
+        let defects = grpc("http://collector:4317/v1/traces").defects();
+        assert_eq!(defects.len(), 1, "{defects:?}");
+        assert_eq!(defects[0].0, "telemetry.otlp_endpoint");
+        assert!(defects[0].1.contains("gRPC"), "{defects:?}");
+        assert_eq!(grpc("http://c:4317").protocol(), Ok(Protocol::Grpc));
+        assert_eq!(
+            TelemetryConfig::default().protocol(),
+            Ok(Protocol::HttpProtobuf)
         );
     }
 }

@@ -1,7 +1,8 @@
 //! Telemetry end to end (issue 22 §2, docs/TELEMETRY.md): the real `tether
-//! serve` with `[telemetry] otlp_endpoint` sends its spans to a real OTLP/HTTP
+//! serve` with `[telemetry] otlp_endpoint` sends its spans to a real OTLP
 //! receiver this test starts (Python, decoding with the official
-//! `opentelemetry-proto` definitions), and its `GET /metrics` is read with the
+//! `opentelemetry-proto` definitions; over gRPC, grpcio serving the package's
+//! generated `TraceService`), and its `GET /metrics` is read with the
 //! Prometheus reference parser (`prometheus_client`). Both come pinned from
 //! `tests/telemetry/requirements.txt`, in the `py-telemetry` venv `.ci/run`
 //! fills.
@@ -57,11 +58,16 @@ struct Receiver {
 
 impl Receiver {
     fn start(python: &Path, dir: &Path) -> Receiver {
+        Self::start_with(python, dir, &[])
+    }
+
+    fn start_with(python: &Path, dir: &Path, args: &[&str]) -> Receiver {
         let out = dir.join("spans.jsonl");
         std::fs::write(&out, "").unwrap();
         let mut child = Command::new(python)
             .arg(peers::package_dir().join("tests/telemetry/otlp_receiver.py"))
             .arg(&out)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -105,9 +111,13 @@ fn sha256_hex(s: &str) -> String {
 }
 
 fn config(dir: &Path, otlp_port: u16) -> PathBuf {
+    config_with(dir, otlp_port, "http/protobuf")
+}
+
+fn config_with(dir: &Path, otlp_port: u16, protocol: &str) -> PathBuf {
     let text = format!(
         "builtin_cell = true\n\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:{otlp_port}\"\n\
-         export_timeout_ms = 500\n\n\
+         otlp_protocol = \"{protocol}\"\nexport_timeout_ms = 500\n\n\
          [[principals]]\nid = \"planner\"\nkind = \"agent\"\ntoken_sha256 = \"{}\"\n\n\
          [[principals]]\nid = \"alice\"\nkind = \"human\"\nroles = [\"operator\"]\ntoken_sha256 = \"{}\"\n",
         sha256_hex(AGENT),
@@ -438,4 +448,58 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
         json!({"session_id": sid, "device_id": "thermostat-1", "resource": "main"}),
     );
     assert_eq!(state["state"]["setpoint"], 21.9, "{state}");
+}
+
+/// The same spans over gRPC: a JSON-RPC command continuing its caller's
+/// trace reaches grpcio's `TraceService` whole (request, command, stages,
+/// their parents and attributes), and a receiver killed mid-run changes
+/// nothing for commands or the e-stop.
+#[test]
+fn over_grpc_spans_reach_a_real_receiver_and_its_death_changes_nothing() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rx = Receiver::start_with(&python, dir.path(), &["--grpc"]);
+    let cfg = config_with(dir.path(), rx.port, "grpc");
+    let s = Server::start_with(
+        Transport::Http,
+        Some(&dir.path().join("state")),
+        &[OsStr::new("--config"), cfg.as_os_str()],
+    );
+    let sid = rpc(&s, AGENT, None, "mhs.session.open", json!({}))["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tp = format!("00-{RPC_TRACE}-{RPC_PARENT}-01");
+    let receipt = setpoint(&s, &sid, Some(&tp), 31.5);
+    assert_eq!(receipt["status"], "completed", "{receipt}");
+    assert_rpc_trace(&rx);
+    let (_, m) = metrics(&s, &python, Some(AGENT));
+    assert!(
+        sample(&m, "tether_otlp_spans_exported_total{}") > 0.0,
+        "{m:?}"
+    );
+
+    rx.kill();
+    for i in 0..10 {
+        let r = setpoint(&s, &sid, Some(&tp), 20.0 + f64::from(i) / 10.0);
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    let stop = rpc(
+        &s,
+        OPERATOR,
+        None,
+        "mhs.safety.estop",
+        json!({"device_id": "relay-1", "reason": "grpc telemetry test"}),
+    );
+    assert!(stop.to_string().contains("relay-1"), "{stop}");
+    let (_, last) = metrics(&s, &python, Some(OPERATOR));
+    assert_eq!(sample(&last, "tether_device_latched{device=relay-1}"), 1.0);
+    let state = rpc(
+        &s,
+        AGENT,
+        None,
+        "mhs.resource.read",
+        json!({"session_id": sid, "device_id": "thermostat-1", "resource": "main"}),
+    );
+    assert_eq!(state["state"]["setpoint"], 20.9, "{state}");
 }

@@ -68,6 +68,7 @@ fn main() {
     let exporter = Arc::new(
         tether_server::telemetry::otlp::Exporter::start(&tether_server::telemetry::otlp::Otlp {
             endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: tether_server::telemetry::otlp::Protocol::HttpProtobuf,
             service_name: "tether-bench".into(),
             queue_max: 2048,
             timeout: Duration::from_secs(2),

@@ -1,10 +1,15 @@
-"""A small OTLP/HTTP receiver for the telemetry test (tests/telemetry.rs).
+"""A small OTLP receiver for the telemetry test (tests/telemetry.rs).
 
-Decodes each `POST /v1/traces` body with the official protobuf definitions
-(opentelemetry-proto) and appends one JSON line per span to OUT: its ids
-(hex), parent id, name, kind, attributes and the resource's service.name.
-Prints `PORT <n>` once listening on 127.0.0.1. Anything that does not decode
-is answered 400 and written as {"undecodable": true}.
+Usage: otlp_receiver.py OUT [--grpc]
+
+Over HTTP (the default) it decodes each `POST /v1/traces` body with the
+official protobuf definitions (opentelemetry-proto); with --grpc it serves
+the official `TraceService` with grpcio and the generated service code of
+the same package. Either way it appends one JSON line per span to OUT: its
+ids (hex), parent id, name, kind, attributes and the resource's
+service.name, and prints `PORT <n>` once listening on 127.0.0.1. An HTTP
+body that does not decode is answered 400 and written as
+{"undecodable": true} (grpcio refuses such a call itself).
 """
 
 import json
@@ -17,6 +22,30 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 def value_of(any_value):
     which = any_value.WhichOneof("value")
     return getattr(any_value, which) if which else None
+
+
+def span_lines(request):
+    lines = []
+    for rs in request.resource_spans:
+        resource = {a.key: value_of(a.value) for a in rs.resource.attributes}
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                lines.append({
+                    "service": resource.get("service.name"),
+                    "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(),
+                    "parent_span_id": span.parent_span_id.hex(),
+                    "name": span.name,
+                    "kind": span.kind,
+                    "attributes": {a.key: value_of(a.value) for a in span.attributes},
+                })
+    return lines
+
+
+def append(path, lines):
+    with open(path, "a", encoding="utf-8") as out:
+        for line in lines:
+            out.write(json.dumps(line) + "\n")
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -40,24 +69,10 @@ class Receiver(BaseHTTPRequestHandler):
             lines.append({"undecodable": True, "why": str(e)})
             status, answer = 400, b""
         else:
-            for rs in request.resource_spans:
-                resource = {a.key: value_of(a.value) for a in rs.resource.attributes}
-                for ss in rs.scope_spans:
-                    for span in ss.spans:
-                        lines.append({
-                            "service": resource.get("service.name"),
-                            "trace_id": span.trace_id.hex(),
-                            "span_id": span.span_id.hex(),
-                            "parent_span_id": span.parent_span_id.hex(),
-                            "name": span.name,
-                            "kind": span.kind,
-                            "attributes": {a.key: value_of(a.value) for a in span.attributes},
-                        })
+            lines = span_lines(request)
             status = 200
             answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-        with open(self.out_path, "a", encoding="utf-8") as out:
-            for line in lines:
-                out.write(json.dumps(line) + "\n")
+        append(self.out_path, lines)
         self.send_response(status)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", str(len(answer)))
@@ -65,7 +80,29 @@ class Receiver(BaseHTTPRequestHandler):
         self.wfile.write(answer)
 
 
+def serve_grpc(out_path):
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            append(out_path, span_lines(request))
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print("PORT", port, flush=True)
+    server.wait_for_termination()
+
+
 def main():
+    if "--grpc" in sys.argv[2:]:
+        serve_grpc(sys.argv[1])
+        return
     Receiver.out_path = sys.argv[1]
     server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     print("PORT", server.server_address[1], flush=True)

@@ -16,6 +16,7 @@
 //! request starts a trace of its own); it never refuses a request, and no
 //! part of it but the two ids and the sampled flag is kept.
 
+mod grpc;
 pub mod otlp;
 mod proto;
 

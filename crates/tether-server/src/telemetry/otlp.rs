@@ -1,15 +1,17 @@
-//! The OTLP/HTTP span exporter behind `[telemetry] otlp_endpoint`
+//! The OTLP span exporter behind `[telemetry] otlp_endpoint`
 //! (docs/TELEMETRY.md): the kernel's [`Tracer`], whose spans go into a
-//! bounded queue of its own and leave on one export thread.
+//! bounded queue of its own and leave on one export thread, over HTTP with
+//! protobuf bodies or over gRPC ([`Protocol`]).
 //!
 //! A span is offered with `try_send`, and a full queue drops it (counted in
 //! [`SPANS_DROPPED`], shown by `GET /metrics`), so a collector that is slow
 //! or down never slows or blocks a command. The export thread turns a
 //! command's stage marks into its child spans, writes each batch as an
 //! OTLP `ExportTraceServiceRequest` (protobuf, [`super::proto`]) and sends
-//! it with a small blocking HTTP/1.1 client (plain HTTP, every step under
-//! the export timeout); a batch the collector does not take is dropped and
-//! counted, never retried.
+//! it with a small blocking HTTP/1.1 client or as a gRPC call
+//! ([`super::grpc`]), plain text on the wire, every step under the export
+//! timeout; a batch (or the part of one) the collector does not take is
+//! dropped and counted, never retried.
 //!
 //! **Owns:** the ids and the sampler, the queue, the export thread, the
 //! client.
@@ -18,6 +20,7 @@
 //! **Fail-closed rule:** nothing here waits on a command's path: the only
 //! call a span's end makes is a non-blocking offer.
 
+use super::grpc::GrpcClient;
 use super::proto::Batch;
 use crate::metrics::{SPANS_DROPPED, SPANS_EXPORTED};
 use rand::Rng as _;
@@ -43,11 +46,42 @@ const ROUNDS_MAX: usize = 1_000;
 /// The largest collector answer read (its body is not needed).
 const ANSWER_BYTES_MAX: usize = 64 * 1024;
 
+/// How spans travel to the collector (`[telemetry] otlp_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// `http/protobuf`: `POST /v1/traces` with a protobuf body (collectors
+    /// listen on 4318).
+    #[default]
+    HttpProtobuf,
+    /// `grpc`: the unary call `TraceService/Export` over HTTP/2 (collectors
+    /// listen on 4317).
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol named as OTLP's own configuration names it.
+    ///
+    /// # Errors
+    /// Any other name.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "http/protobuf" => Ok(Self::HttpProtobuf),
+            "grpc" => Ok(Self::Grpc),
+            other => Err(format!(
+                "`{other}` is not offered: `http/protobuf` (the default) or `grpc`"
+            )),
+        }
+    }
+}
+
 /// What the exporter needs.
 #[derive(Debug, Clone)]
 pub struct Otlp {
-    /// The collector (`http://host:4318`, or the full `.../v1/traces` URL).
+    /// The collector: `http://host:4318` or the full `.../v1/traces` URL
+    /// over HTTP; `http://host:4317` over gRPC.
     pub endpoint: String,
+    /// HTTP with protobuf bodies, or gRPC.
+    pub protocol: Protocol,
     /// `service.name` of the spans.
     pub service_name: String,
     /// Spans waiting for export at most (at least 1).
@@ -60,12 +94,12 @@ pub struct Otlp {
     pub sample_ratio: f64,
 }
 
-/// Whether `endpoint` can be exported to; why not.
+/// Whether `endpoint` can be exported to over `protocol`; why not.
 ///
 /// # Errors
-/// Not a URL, not `http://`, no host.
-pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
-    Target::parse(endpoint).map(|_| ())
+/// Not a URL, not `http://`, no host; a path with gRPC.
+pub fn check_endpoint(endpoint: &str, protocol: Protocol) -> Result<(), String> {
+    Target::parse(endpoint, protocol).map(|_| ())
 }
 
 /// The exporter: ids, the sampler and the queue to the export thread.
@@ -156,16 +190,19 @@ impl Exporter {
     /// # Errors
     /// The endpoint does not parse, or the thread cannot be started.
     pub fn start(otlp: &Otlp) -> Result<Self, String> {
-        let target = Target::parse(&otlp.endpoint)?;
+        let target = Target::parse(&otlp.endpoint, otlp.protocol)?;
         let (tx, rx) = sync_channel(otlp.queue_max.max(1));
-        let client = BlockingHttp {
-            target,
-            timeout: otlp.timeout,
+        let mut client = match otlp.protocol {
+            Protocol::HttpProtobuf => Client::Http(BlockingHttp {
+                target,
+                timeout: otlp.timeout,
+            }),
+            Protocol::Grpc => Client::Grpc(Box::new(GrpcClient::new(target, otlp.timeout)?)),
         };
         let service = otlp.service_name.clone();
         std::thread::Builder::new()
             .name("tether-otlp".into())
-            .spawn(move || export_loop(&rx, &client, &service))
+            .spawn(move || export_loop(&rx, &mut client, &service))
             .map_err(|e| format!("starting the span export thread: {e}"))?;
         Ok(Self {
             queue: tx,
@@ -232,7 +269,7 @@ fn take(msg: Msg, batch: &mut Batch) -> Next {
 /// it sleeps a span's offer wakes nobody: at tens of thousands of commands
 /// a second, waking this thread for each cost the callers more than the
 /// encoding. Ends when told or when the exporter is gone.
-fn export_loop(rx: &Receiver<Msg>, client: &BlockingHttp, service: &str) {
+fn export_loop(rx: &Receiver<Msg>, client: &mut Client, service: &str) {
     let mut batch = Batch::new();
     let mut body = Vec::new();
     loop {
@@ -277,16 +314,44 @@ fn export_loop(rx: &Receiver<Msg>, client: &BlockingHttp, service: &str) {
     }
 }
 
-/// Posts one encoded batch of `n` spans; counts them exported or dropped.
-fn send(client: &BlockingHttp, body: &[u8], n: usize) {
+/// The export thread's client, by protocol.
+#[derive(Debug)]
+enum Client {
+    Http(BlockingHttp),
+    Grpc(Box<GrpcClient>),
+}
+
+impl Client {
+    /// Sends one encoded batch; answers what the collector said it
+    /// rejected of it (count, message).
+    fn export(&mut self, body: &[u8]) -> Result<(u64, String), String> {
+        match self {
+            Self::Http(http) => match http.post(body)? {
+                (status, answer) if (200..300).contains(&status) => Ok(answer
+                    .as_deref()
+                    .and_then(super::proto::partial_success)
+                    .unwrap_or((0, String::new()))),
+                (status, _) => Err(format!("HTTP status {status}")),
+            },
+            Self::Grpc(grpc) => grpc.export(body),
+        }
+    }
+}
+
+/// Sends one encoded batch of `n` spans; counts them exported, or dropped:
+/// all of them when the batch failed, those the collector says it rejected
+/// when it took only part.
+fn send(client: &mut Client, body: &[u8], n: usize) {
     let n = u64::try_from(n).unwrap_or(u64::MAX);
-    match client.post(body) {
-        Ok(status) if (200..300).contains(&status) => {
+    match client.export(body) {
+        Ok((0, _)) => {
             SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed);
         }
-        Ok(status) => {
-            tracing::debug!(status, "the collector refused a span batch");
-            SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
+        Ok((rejected, message)) => {
+            let rejected = rejected.min(n);
+            tracing::debug!(rejected, %message, "the collector rejected part of a span batch");
+            SPANS_EXPORTED.fetch_add(n - rejected, Ordering::Relaxed);
+            SPANS_DROPPED.fetch_add(rejected, Ordering::Relaxed);
         }
         Err(e) => {
             tracing::debug!(error = %e, "a span batch did not reach the collector");
@@ -295,27 +360,40 @@ fn send(client: &BlockingHttp, body: &[u8], n: usize) {
     }
 }
 
-/// Where spans go: the collector's address and the request path.
+/// Where spans go: the collector's address and, over HTTP, the request
+/// path.
 #[derive(Debug, Clone)]
-struct Target {
-    host: String,
-    port: u16,
+pub(super) struct Target {
+    pub(super) host: String,
+    pub(super) port: u16,
     path: String,
 }
 
 impl Target {
-    fn parse(endpoint: &str) -> Result<Self, String> {
+    fn parse(endpoint: &str, protocol: Protocol) -> Result<Self, String> {
         let u = url::Url::parse(endpoint).map_err(|e| format!("not a URL: {e}"))?;
         if u.scheme() != "http" {
             return Err("only `http://` is offered (a collector on this host or a sidecar); TLS to a collector is not supported yet".into());
         }
         let host = u.host_str().ok_or("the URL names no host")?.to_owned();
-        let port = u.port_or_known_default().unwrap_or(4318);
-        let path = match u.path() {
-            "" | "/" => "/v1/traces".to_owned(),
-            p => p.to_owned(),
+        // As any URL: a port not named is the scheme's (80).
+        let port = u.port_or_known_default().unwrap_or(80);
+        let path = match (protocol, u.path()) {
+            (Protocol::HttpProtobuf, "" | "/") => "/v1/traces".to_owned(),
+            (Protocol::HttpProtobuf, p) => p.to_owned(),
+            (Protocol::Grpc, "" | "/") => String::new(),
+            (Protocol::Grpc, p) => {
+                return Err(format!(
+                    "a gRPC endpoint is `http://host:port` (the call's path is fixed), not `{p}`"
+                ))
+            }
         };
         Ok(Self { host, port, path })
+    }
+
+    #[cfg(test)]
+    pub(super) fn parse_for_tests(endpoint: &str, protocol: Protocol) -> Self {
+        Self::parse(endpoint, protocol).expect("a target")
     }
 
     #[cfg(test)]
@@ -334,8 +412,8 @@ struct BlockingHttp {
 
 impl BlockingHttp {
     /// POSTs `body` (an OTLP protobuf request) to the target; answers the
-    /// HTTP status.
-    fn post(&self, body: &[u8]) -> Result<u16, String> {
+    /// HTTP status and the answer's protobuf body, when it has one.
+    fn post(&self, body: &[u8]) -> Result<(u16, Option<Vec<u8>>), String> {
         let io = |e: std::io::Error| e.to_string();
         let addr: SocketAddr = (self.target.host.as_str(), self.target.port)
             .to_socket_addrs()
@@ -358,11 +436,36 @@ impl BlockingHttp {
         tcp.take(u64::try_from(ANSWER_BYTES_MAX).unwrap_or(u64::MAX))
             .read_to_end(&mut answer)
             .map_err(io)?;
-        let text = String::from_utf8_lossy(&answer);
-        text.strip_prefix("HTTP/1.")
+        let status = answer
+            .strip_prefix(b"HTTP/1.")
             .and_then(|rest| rest.get(2..5))
-            .and_then(|code| code.parse::<u16>().ok())
-            .ok_or_else(|| "the collector's answer is not HTTP".to_owned())
+            .and_then(|code| std::str::from_utf8(code).ok()?.parse::<u16>().ok())
+            .ok_or_else(|| "the collector's answer is not HTTP".to_owned())?;
+        Ok((status, protobuf_body(&answer).map(<[u8]>::to_vec)))
+    }
+}
+
+/// The body of a whole HTTP/1.1 answer (read to its close) when it is
+/// protobuf and not chunked: the collector's `ExportTraceServiceResponse`.
+fn protobuf_body(answer: &[u8]) -> Option<&[u8]> {
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(n, _)| n.trim() == name)
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    if header("content-type").as_deref() != Some("application/x-protobuf")
+        || header("transfer-encoding").is_some()
+    {
+        return None;
+    }
+    let body = &answer[end + 4..];
+    match header("content-length").map(|n| n.parse::<usize>()) {
+        Some(Ok(n)) => body.get(..n),
+        Some(Err(_)) => None,
+        None => Some(body),
     }
 }
 
@@ -372,12 +475,17 @@ mod tests {
 
     #[test]
     fn an_endpoint_without_a_path_sends_to_v1_traces() {
-        let t = Target::parse("http://127.0.0.1:4318").expect("parses");
+        let http = Protocol::HttpProtobuf;
+        let t = Target::parse("http://127.0.0.1:4318", http).expect("parses");
         assert_eq!(t.url(), "http://127.0.0.1:4318/v1/traces");
-        let t = Target::parse("http://collector/otlp/v1/traces").expect("parses");
+        let t = Target::parse("http://collector/otlp/v1/traces", http).expect("parses");
         assert_eq!(t.url(), "http://collector:80/otlp/v1/traces");
-        assert!(Target::parse("https://collector:4318").is_err());
-        assert!(Target::parse("not a url").is_err());
+        assert!(Target::parse("https://collector:4318", http).is_err());
+        assert!(Target::parse("not a url", http).is_err());
+        let t = Target::parse("http://collector:4317/", Protocol::Grpc).expect("parses");
+        assert_eq!((t.host.as_str(), t.port), ("collector", 4317));
+        assert!(Target::parse("http://collector:4317/v1/traces", Protocol::Grpc).is_err());
+        assert!(Target::parse("https://collector:4317", Protocol::Grpc).is_err());
     }
 
     #[test]
@@ -418,30 +526,42 @@ mod tests {
         }
     }
 
-    /// A collector that takes one request and answers `status`; answers
-    /// the request's head and body.
-    fn one_request(status: u16) -> (u16, std::thread::JoinHandle<(String, Vec<u8>)>) {
+    /// A collector that takes one request and answers `status` with
+    /// `body` (as protobuf); answers the request's head and body.
+    fn one_request(
+        status: u16,
+        body: Vec<u8>,
+    ) -> (u16, std::thread::JoinHandle<(String, Vec<u8>)>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let handle = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().expect("accept");
-            let (head, body) = read_request(&mut conn);
-            let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n");
+            let (head, got) = read_request(&mut conn);
+            let answer = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
             conn.write_all(answer.as_bytes()).expect("answer");
-            (head, body)
+            conn.write_all(&body).expect("answer");
+            (head, got)
         });
         (port, handle)
+    }
+
+    fn http_client(port: u16) -> BlockingHttp {
+        BlockingHttp {
+            target: Target::parse(&format!("http://127.0.0.1:{port}"), Protocol::HttpProtobuf)
+                .expect("target"),
+            timeout: Duration::from_secs(5),
+        }
     }
 
     #[test]
     fn a_batch_is_posted_as_protobuf_and_a_refusal_is_a_status() {
         for status in [200, 503] {
-            let (port, collector) = one_request(status);
-            let client = BlockingHttp {
-                target: Target::parse(&format!("http://127.0.0.1:{port}")).expect("target"),
-                timeout: Duration::from_secs(5),
-            };
-            assert_eq!(client.post(b"\x0a\x00"), Ok(status));
+            let (port, collector) = one_request(status, Vec::new());
+            let client = http_client(port);
+            assert_eq!(client.post(b"\x0a\x00"), Ok((status, Some(Vec::new()))));
             let (head, body) = collector.join().expect("collector");
             assert!(head.starts_with("POST /v1/traces HTTP/1.1"), "{head}");
             assert!(
@@ -454,11 +574,44 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = closed.local_addr().expect("addr").port();
         drop(closed);
-        let client = BlockingHttp {
-            target: Target::parse(&format!("http://127.0.0.1:{port}")).expect("target"),
-            timeout: Duration::from_secs(5),
+        assert!(http_client(port).post(b"").is_err());
+    }
+
+    #[test]
+    fn a_partial_success_over_http_is_what_the_collector_rejected() {
+        use opentelemetry_proto::tonic::collector::trace::v1::{
+            ExportTracePartialSuccess, ExportTraceServiceResponse,
         };
-        assert!(client.post(b"").is_err());
+        use prost::Message as _;
+        let answer = ExportTraceServiceResponse {
+            partial_success: Some(ExportTracePartialSuccess {
+                rejected_spans: 7,
+                error_message: "spans too old".into(),
+            }),
+        }
+        .encode_to_vec();
+        let (port, collector) = one_request(200, answer);
+        let mut client = Client::Http(http_client(port));
+        assert_eq!(client.export(b""), Ok((7, "spans too old".into())));
+        collector.join().expect("collector");
+        // A refusal is an error whatever its body says.
+        let (port, collector) = one_request(400, b"\x0a\x02\x08\x01".to_vec());
+        let mut client = Client::Http(http_client(port));
+        assert!(client.export(b"").is_err());
+        collector.join().expect("collector");
+    }
+
+    #[test]
+    fn an_answer_s_body_is_read_only_when_it_is_whole_protobuf() {
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 2\r\n\r\n\x0a\x00junk";
+        assert_eq!(protobuf_body(ok), Some(&b"\x0a\x00"[..]));
+        let json = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}";
+        assert_eq!(protobuf_body(json), None);
+        let chunked = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n";
+        assert_eq!(protobuf_body(chunked), None);
+        let short = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 9\r\n\r\n\x0a";
+        assert_eq!(protobuf_body(short), None);
+        assert_eq!(protobuf_body(b"HTTP/1.1 200 OK\r\n"), None);
     }
 
     /// A collector that takes requests until dropped, answering 200 and
@@ -511,6 +664,7 @@ mod tests {
         let (port, seen) = collector();
         let exporter = Exporter::start(&Otlp {
             endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: Protocol::HttpProtobuf,
             service_name: "t".into(),
             queue_max: 4096,
             timeout: Duration::from_secs(5),
@@ -540,12 +694,64 @@ mod tests {
     }
 
     #[test]
+    fn over_grpc_every_span_reaches_the_collector_and_a_rejection_is_counted() {
+        use super::super::grpc::collector::{start, Answer};
+        let (port, seen) = start(Answer::Ok(0));
+        let exporter = Exporter::start(&Otlp {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: Protocol::Grpc,
+            service_name: "t".into(),
+            queue_max: 4096,
+            timeout: Duration::from_secs(5),
+            sample_ratio: 1.0,
+        })
+        .expect("exporter");
+        for burst in 0..3u64 {
+            for i in 0..1_000 {
+                exporter.offer(record(burst * 1_000 + i + 1));
+            }
+            std::thread::sleep(GATHER * 2);
+        }
+        exporter.flush(Duration::from_secs(10)).expect("flushed");
+        let seen = seen.lock().expect("seen");
+        // Each record is the command and its two stages.
+        assert_eq!(seen.calls.iter().sum::<usize>(), 9_000, "{:?}", seen.calls);
+        assert_eq!(seen.connections, 1);
+        drop(seen);
+        exporter.shutdown(Duration::from_secs(5));
+
+        // A collector that takes part of each batch: the rest is dropped.
+        let (port, seen) = start(Answer::Ok(1));
+        let exporter = Exporter::start(&Otlp {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: Protocol::Grpc,
+            service_name: "t".into(),
+            queue_max: 64,
+            timeout: Duration::from_secs(5),
+            sample_ratio: 1.0,
+        })
+        .expect("exporter");
+        let (exported, dropped) = (
+            SPANS_EXPORTED.load(Ordering::Relaxed),
+            SPANS_DROPPED.load(Ordering::Relaxed),
+        );
+        exporter.offer(record(1));
+        exporter.flush(Duration::from_secs(10)).expect("flushed");
+        assert_eq!(seen.lock().expect("seen").calls, [3]);
+        // Other tests run beside this one and move the counters too.
+        assert!(SPANS_EXPORTED.load(Ordering::Relaxed) - exported >= 2);
+        assert!(SPANS_DROPPED.load(Ordering::Relaxed) - dropped >= 1);
+        exporter.shutdown(Duration::from_secs(5));
+    }
+
+    #[test]
     fn a_dead_collector_drops_spans_and_a_flush_still_answers() {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = closed.local_addr().expect("addr").port();
         drop(closed);
         let exporter = Exporter::start(&Otlp {
             endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: Protocol::HttpProtobuf,
             service_name: "t".into(),
             queue_max: 8,
             timeout: Duration::from_secs(1),

@@ -224,6 +224,97 @@ impl Batch {
     }
 }
 
+/// What a collector's `ExportTraceServiceResponse` says it refused: its
+/// `partial_success` (field 1) holds `rejected_spans` (1) and
+/// `error_message` (2). An empty answer, or one without the member, refused
+/// nothing: `(0, "")`. `None` when the bytes are not such a message (the
+/// caller then counts the batch as taken, as the answer's status said).
+pub(crate) fn partial_success(answer: &[u8]) -> Option<(u64, String)> {
+    let mut rejected = 0;
+    let mut message = String::new();
+    for field in Fields(answer) {
+        if let (1, Value::Bytes(inner)) = field? {
+            for f in Fields(inner) {
+                match f? {
+                    (1, Value::Varint(n)) => rejected = n,
+                    (2, Value::Bytes(text)) => {
+                        message = String::from_utf8_lossy(text).into_owned();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Some((rejected, message))
+}
+
+/// One field's value as read from the wire.
+enum Value<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed,
+}
+
+/// The fields of a protobuf message, in order; an item is `None` where the
+/// bytes stop making sense (and the iteration ends there).
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn read_varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        // At most ten bytes hold a 64-bit varint.
+        for i in 0..10 {
+            let (&b, rest) = self.0.split_first()?;
+            self.0 = rest;
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn skip(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (taken, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(taken)
+    }
+
+    fn field(&mut self) -> Option<(u64, Value<'a>)> {
+        let key = self.read_varint()?;
+        let value = match (key & 7) as u8 {
+            VARINT => Value::Varint(self.read_varint()?),
+            LEN => {
+                let n = usize::try_from(self.read_varint()?).ok()?;
+                Value::Bytes(self.skip(n)?)
+            }
+            I64 => self.skip(8).map(|_| Value::Fixed)?,
+            I32 => self.skip(4).map(|_| Value::Fixed)?,
+            _ => return None,
+        };
+        Some((key >> 3, value))
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Option<(u64, Value<'a>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let f = self.field();
+        if f.is_none() {
+            // Nothing after a broken field can be read.
+            self.0 = &[];
+        }
+        Some(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,6 +524,34 @@ mod tests {
             let mut out = Vec::new();
             varint(&mut out, v);
             assert_eq!(out.len(), varint_len(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_collector_s_partial_success_is_read_and_garbage_is_not() {
+        use opentelemetry_proto::tonic::collector::trace::v1::{
+            ExportTracePartialSuccess, ExportTraceServiceResponse,
+        };
+        let answer = ExportTraceServiceResponse {
+            partial_success: Some(ExportTracePartialSuccess {
+                rejected_spans: 300,
+                error_message: "too old".into(),
+            }),
+        }
+        .encode_to_vec();
+        assert_eq!(partial_success(&answer), Some((300, "too old".into())));
+        let whole = ExportTraceServiceResponse::default().encode_to_vec();
+        assert_eq!(partial_success(&whole), Some((0, String::new())));
+        assert_eq!(partial_success(&[]), Some((0, String::new())));
+        // A length past the end, an unknown wire type, a varint that never ends.
+        for bad in [
+            &[0x0a, 0x05, 0x08][..],
+            &[0x0f],
+            &[
+                0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            ],
+        ] {
+            assert_eq!(partial_success(bad), None, "{bad:?}");
         }
     }
 }
