@@ -391,7 +391,7 @@ impl Kernel {
                 p,
                 req.session_id.as_deref(),
                 |s| s.grants.contains(&(d, bi)),
-                json!({}),
+                || json!({}),
             )?,
             Resolve::ResourceRequired(r) => {
                 return Err(ApiError::new(
@@ -402,7 +402,7 @@ impl Kernel {
             }
             // The command itself records this refusal (a rejected receipt).
             Resolve::Unknown | Resolve::NotBound(_) => {
-                self.check_grant(p, req.session_id.as_deref(), |_| true, json!({}))?
+                self.check_grant(p, req.session_id.as_deref(), |_| true, || json!({}))?
             }
         };
         Ok(())
@@ -453,7 +453,7 @@ impl Kernel {
             p,
             req.session_id.as_deref(),
             |s| s.grants.contains(&(d, bi)),
-            json!({}),
+            || json!({}),
         )?;
         let ctx = Ctx {
             binding: bi,

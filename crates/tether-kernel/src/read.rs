@@ -55,7 +55,7 @@ impl Kernel {
                     .iter()
                     .any(|&(gd, gb)| gd == d && dev.spec.bindings[gb].resource == req.resource)
             },
-            json!({"device_id": req.device_id, "resource": req.resource}),
+            || json!({"device_id": req.device_id, "resource": req.resource}),
         )?;
         // Reads skip the effectful steps but not the policy.
         let policy_binding = dev

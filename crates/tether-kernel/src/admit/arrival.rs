@@ -53,7 +53,7 @@ impl Kernel {
             .device_index(&req.device_id)
             .ok_or_else(|| self.unknown_device(&req.device_id))?;
         // A live session of the caller (the grant is checked after resolution).
-        self.check_grant(p, req.session_id.as_deref(), |_| true, json!({}))?;
+        self.check_grant(p, req.session_id.as_deref(), |_| true, || json!({}))?;
         Ok(Arrival {
             device,
             command_id: command_id.as_str().to_owned(),

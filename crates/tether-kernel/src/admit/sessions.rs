@@ -288,7 +288,7 @@ impl Kernel {
         p: &Principal,
         sid: Option<&str>,
         grant: impl Fn(&Session) -> bool,
-        what: Value,
+        what: impl FnOnce() -> Value,
     ) -> Result<String, ApiError> {
         let Some(sid) = sid else {
             return Err(ApiError::new(
@@ -305,7 +305,7 @@ impl Kernel {
             return Err(ApiError::new(
                 Code::SessionCapabilityNotGranted,
                 "the session was not granted this binding",
-                what,
+                what(),
             ));
         }
         Ok(sid.to_owned())
@@ -327,7 +327,7 @@ impl Kernel {
             p,
             req.session_id.as_deref(),
             |s| s.grants.contains(&(d, bi)),
-            json!({"device_id": req.device_id, "capability_id": b.capability_id, "resource": b.resource}),
+            || json!({"device_id": req.device_id, "capability_id": b.capability_id, "resource": b.resource}),
         )
     }
 }

@@ -112,7 +112,7 @@ impl Kernel {
             p,
             req.session_id.as_deref(),
             |s| s.grants.contains(&(d, bi)),
-            json!({"device_id": req.device_id, "capability_id": req.capability_id}),
+            || json!({"device_id": req.device_id, "capability_id": req.capability_id}),
         )?;
         let b = &dev.spec.bindings[bi];
         if permit_required(dev.spec.manifest.mode.is_physical(), b) {
