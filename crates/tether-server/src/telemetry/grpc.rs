@@ -291,8 +291,9 @@ pub(super) mod collector {
         Status(u32),
         /// The call is read and never answered.
         Never,
-        /// OK, and the connection is closed after each call.
-        OkThenClose,
+        /// OK, and the connection is closed this many milliseconds after
+        /// each call is answered.
+        OkThenClose(u64),
     }
 
     /// What the collector saw.
@@ -331,17 +332,28 @@ pub(super) mod collector {
             };
             seen.lock().expect("seen").connections += 1;
             let seen = seen.clone();
-            let service = hyper::service::service_fn(move |req| call(req, answer, seen.clone()));
+            let answered = Arc::new(tokio::sync::Notify::new());
+            let told = answered.clone();
+            let service = hyper::service::service_fn(move |req| {
+                call(req, answer, seen.clone(), told.clone())
+            });
             let conn =
                 hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                     .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
             tokio::spawn(async move {
                 let mut conn = std::pin::pin!(conn);
-                if matches!(answer, Answer::OkThenClose) {
-                    // Answer the first call, then say goodbye.
-                    let _ =
-                        tokio::time::timeout(std::time::Duration::from_millis(300), conn.as_mut())
-                            .await;
+                if let Answer::OkThenClose(after_ms) = answer {
+                    // Once the first call is answered (and then idle for
+                    // `after_ms`), say goodbye (GOAWAY) and close.
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        () = answered.notified() => {}
+                    }
+                    let idle = tokio::time::sleep(std::time::Duration::from_millis(after_ms));
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        () = idle => {}
+                    }
                     conn.as_mut().graceful_shutdown();
                 }
                 let _ = conn.await;
@@ -356,6 +368,7 @@ pub(super) mod collector {
         req: hyper::Request<hyper::body::Incoming>,
         answer: Answer,
         seen: Arc<Mutex<Seen>>,
+        answered: Arc<tokio::sync::Notify>,
     ) -> Result<Reply, std::convert::Infallible> {
         let header = |name: &str| {
             req.headers()
@@ -398,7 +411,10 @@ pub(super) mod collector {
                 .encode_to_vec();
                 Ok(reply.body(ok_body(&response)).expect("reply"))
             }
-            Answer::OkThenClose => Ok(reply.body(ok_body(&[])).expect("reply")),
+            Answer::OkThenClose(_) => {
+                answered.notify_one();
+                Ok(reply.body(ok_body(&[])).expect("reply"))
+            }
             Answer::Status(code) => Ok(reply
                 .header("grpc-status", code.to_string())
                 .header("grpc-message", "collector is shedding load")
@@ -486,17 +502,24 @@ mod tests {
 
     #[test]
     fn a_connection_the_collector_closed_is_replaced_before_a_batch_is_sent() {
-        let (port, seen) = start(Answer::OkThenClose);
-        let mut c = client(port, Duration::from_secs(5));
-        for n in [1, 2, 3] {
-            assert_eq!(c.export(&request(n)), Ok((0, String::new())), "call {n}");
-            // The collector closes the idle connection meanwhile (300 ms
-            // after it opened).
-            std::thread::sleep(Duration::from_millis(700));
+        // Closed at once after an answer, and closed while the client was
+        // idle between two batches (a collector's idle timeout): the second
+        // is noticed only because the runtime runs before a reuse.
+        for close_after_ms in [0, 100] {
+            let (port, seen) = start(Answer::OkThenClose(close_after_ms));
+            let mut c = client(port, Duration::from_secs(5));
+            for n in [1, 2, 3] {
+                assert_eq!(
+                    c.export(&request(n)),
+                    Ok((0, String::new())),
+                    "call {n}, closed {close_after_ms} ms after an answer"
+                );
+                std::thread::sleep(Duration::from_millis(600));
+            }
+            let seen = seen.lock().expect("seen");
+            assert_eq!(seen.calls, [1, 2, 3], "no batch lost, none sent twice");
+            assert_eq!(seen.connections, 3);
         }
-        let seen = seen.lock().expect("seen");
-        assert_eq!(seen.calls, [1, 2, 3], "no batch lost, none sent twice");
-        assert_eq!(seen.connections, 3);
     }
 
     #[test]

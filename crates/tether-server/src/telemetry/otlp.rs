@@ -43,7 +43,8 @@ const GATHER: Duration = Duration::from_millis(20);
 const IDLE_WAIT: Duration = Duration::from_millis(500);
 /// Gather rounds before the export thread looks at its idle wait again.
 const ROUNDS_MAX: usize = 1_000;
-/// The largest collector answer read (its body is not needed).
+/// The largest collector answer read (its body holds at most a partial
+/// success).
 const ANSWER_BYTES_MAX: usize = 64 * 1024;
 
 /// How spans travel to the collector (`[telemetry] otlp_protocol`).
