@@ -51,14 +51,14 @@ impl TelemetryConfig {
     /// Every key that cannot be used, as `(field, message)`.
     pub fn defects(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        let protocol = match self.protocol() {
-            Ok(p) => Some(p),
-            Err(why) => {
-                out.push(("telemetry.otlp_protocol".into(), why));
-                None
-            }
-        };
-        if let (Some(e), Some(protocol)) = (&self.otlp_endpoint, protocol) {
+        // With a protocol that is not offered, the endpoint is still read
+        // as an HTTP one, so its other defects are named too (the rule only
+        // gRPC adds, no path, is left out).
+        let protocol = self.protocol().unwrap_or_else(|why| {
+            out.push(("telemetry.otlp_protocol".into(), why));
+            Protocol::HttpProtobuf
+        });
+        if let Some(e) = &self.otlp_endpoint {
             if let Err(why) = tether_server::telemetry::otlp::check_endpoint(e, protocol) {
                 out.push(("telemetry.otlp_endpoint".into(), why));
             }
@@ -210,7 +210,11 @@ mod tests {
         let fields: Vec<_> = c.defects().into_iter().map(|(f, _)| f).collect();
         assert_eq!(
             fields,
-            ["telemetry.otlp_protocol", "telemetry.export_queue_max"]
+            [
+                "telemetry.otlp_protocol",
+                "telemetry.otlp_endpoint",
+                "telemetry.export_queue_max"
+            ]
         );
         let c = TelemetryConfig {
             otlp_endpoint: Some("https://collector".into()),
