@@ -346,6 +346,23 @@ fn assert_unsampled_and_estop_traces(s: &Server, sid: &str, rx: &Receiver) {
     assert_eq!(commands(rx), commands_before);
 }
 
+/// With the collector gone: `n` setpoints complete, then an e-stop of
+/// `relay-1` is served.
+fn commands_then_estop(s: &Server, sid: &str, tp: &str, n: u32, reason: &str) {
+    for i in 0..n {
+        let r = setpoint(s, sid, Some(tp), 20.0 + f64::from(i) / 10.0);
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    let stop = rpc(
+        s,
+        OPERATOR,
+        None,
+        "mhs.safety.estop",
+        json!({"device_id": "relay-1", "reason": reason}),
+    );
+    assert!(stop.to_string().contains("relay-1"), "{stop}");
+}
+
 #[test]
 fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_changes_nothing() {
     let python = python();
@@ -419,18 +436,7 @@ fn spans_reach_a_real_otlp_receiver_and_metrics_move_and_a_dead_collector_change
 
     // The collector dies: commands go on, and the e-stop latches as ever.
     rx.kill();
-    for i in 0..20 {
-        let r = setpoint(&s, &sid, Some(&tp), 20.0 + f64::from(i) / 10.0);
-        assert_eq!(r["status"], "completed", "{r}");
-    }
-    let stop = rpc(
-        &s,
-        OPERATOR,
-        None,
-        "mhs.safety.estop",
-        json!({"device_id": "relay-1", "reason": "telemetry test"}),
-    );
-    assert!(stop.to_string().contains("relay-1"), "{stop}");
+    commands_then_estop(&s, &sid, &tp, 20, "telemetry test");
     let (_, last) = metrics(&s, &python, Some(OPERATOR));
     assert!(
         sample(&last, done) >= sample(&after, done) + 20.0,
@@ -480,18 +486,7 @@ fn over_grpc_spans_reach_a_real_receiver_and_its_death_changes_nothing() {
     );
 
     rx.kill();
-    for i in 0..10 {
-        let r = setpoint(&s, &sid, Some(&tp), 20.0 + f64::from(i) / 10.0);
-        assert_eq!(r["status"], "completed", "{r}");
-    }
-    let stop = rpc(
-        &s,
-        OPERATOR,
-        None,
-        "mhs.safety.estop",
-        json!({"device_id": "relay-1", "reason": "grpc telemetry test"}),
-    );
-    assert!(stop.to_string().contains("relay-1"), "{stop}");
+    commands_then_estop(&s, &sid, &tp, 10, "grpc telemetry test");
     let (_, last) = metrics(&s, &python, Some(OPERATOR));
     assert_eq!(sample(&last, "tether_device_latched{device=relay-1}"), 1.0);
     let state = rpc(

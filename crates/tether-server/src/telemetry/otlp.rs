@@ -694,19 +694,23 @@ mod tests {
         exporter.shutdown(Duration::from_secs(5));
     }
 
+    fn grpc_exporter(port: u16, queue_max: usize) -> Exporter {
+        Exporter::start(&Otlp {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: Protocol::Grpc,
+            service_name: "t".into(),
+            queue_max,
+            timeout: Duration::from_secs(5),
+            sample_ratio: 1.0,
+        })
+        .expect("exporter")
+    }
+
     #[test]
     fn over_grpc_every_span_reaches_the_collector_and_a_rejection_is_counted() {
         use super::super::grpc::collector::{start, Answer};
         let (port, seen) = start(Answer::Ok(0));
-        let exporter = Exporter::start(&Otlp {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            protocol: Protocol::Grpc,
-            service_name: "t".into(),
-            queue_max: 4096,
-            timeout: Duration::from_secs(5),
-            sample_ratio: 1.0,
-        })
-        .expect("exporter");
+        let exporter = grpc_exporter(port, 4096);
         for burst in 0..3u64 {
             for i in 0..1_000 {
                 exporter.offer(record(burst * 1_000 + i + 1));
@@ -723,15 +727,7 @@ mod tests {
 
         // A collector that takes part of each batch: the rest is dropped.
         let (port, seen) = start(Answer::Ok(1));
-        let exporter = Exporter::start(&Otlp {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            protocol: Protocol::Grpc,
-            service_name: "t".into(),
-            queue_max: 64,
-            timeout: Duration::from_secs(5),
-            sample_ratio: 1.0,
-        })
-        .expect("exporter");
+        let exporter = grpc_exporter(port, 64);
         let (exported, dropped) = (
             SPANS_EXPORTED.load(Ordering::Relaxed),
             SPANS_DROPPED.load(Ordering::Relaxed),
