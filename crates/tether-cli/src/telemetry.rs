@@ -14,7 +14,7 @@ use std::time::Duration;
 use tether_server::telemetry::otlp::{Exporter, Protocol};
 
 /// Most spans waiting for export (default of `export_queue_max`).
-pub const EXPORT_QUEUE_DEFAULT: usize = 2048;
+pub const EXPORT_QUEUE_DEFAULT: usize = 8192;
 /// The largest `export_queue_max`.
 pub const EXPORT_QUEUE_MAX: usize = 65_536;
 /// Default of `export_timeout_ms`; its bounds.
@@ -34,7 +34,7 @@ pub struct TelemetryConfig {
     /// `service.name` of the spans (default `tether`).
     pub service_name: Option<String>,
     /// Spans waiting for export at most; more are dropped and counted
-    /// (default 2048).
+    /// (default 8192).
     pub export_queue_max: Option<usize>,
     /// Bound on connecting to, sending to and hearing from the collector, ms
     /// (default 2000).

@@ -140,7 +140,7 @@ impl Meters {
     /// Counts a command's answer under its device, capability and outcome
     /// (read from the receipt, matched against the manifest), and its
     /// refusal code. Answers the labels it used, for the command's span.
-    pub(crate) fn command(&self, device: Option<usize>, answer: &Answer) -> Counted {
+    pub(crate) fn command(&self, device: Option<usize>, answer: &Answer) -> Counted<'_> {
         let status = answer.status().unwrap_or("unknown");
         let code = (status != "completed")
             .then(|| refusal_code(answer))
@@ -171,7 +171,7 @@ impl Meters {
         Counted {
             outcome: OUTCOMES.get(outcome).copied().unwrap_or("unknown"),
             code,
-            capability_known: capability.is_some(),
+            capability,
         }
     }
 
@@ -264,11 +264,12 @@ pub(crate) fn answered(in_flight: &AtomicU64) {
 
 /// What [`Meters::command`] counted a command under.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Counted {
+pub(crate) struct Counted<'a> {
     pub outcome: &'static str,
     pub code: Option<Code>,
-    /// Whether the receipt's capability is one the device binds.
-    pub capability_known: bool,
+    /// The receipt's capability, when it is one the device binds (the
+    /// meters' own copy of its name: never a caller's string).
+    pub capability: Option<&'a str>,
 }
 
 /// The refusal code of a receipt that is not completed: `error.mhs_code`.
@@ -349,9 +350,9 @@ mod tests {
         );
         let odd = Answer::Value(json!({"status": "rejected", "capability_id": "made.up",
             "error": {"mhs_code": Code::CapabilityUnknown.as_str()}}));
-        m.command(Some(0), &done);
+        assert_eq!(m.command(Some(0), &done).capability, Some("switch.set"));
         let c = m.command(Some(0), &odd);
-        assert!(!c.capability_known);
+        assert_eq!(c.capability, None, "a caller's string is never a label");
         let flags = [AtomicBool::new(true)];
         let v = m.view(flags.iter());
         assert_eq!(v.devices[0].commands(0, 0), 1);

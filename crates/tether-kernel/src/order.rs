@@ -103,30 +103,22 @@ impl Ctx {
 /// The command's labels on its span and in its trace: the capability (only
 /// one the device binds), the decision, the outcome and the refusal code —
 /// never an input value or a token.
-struct Labels {
-    capability: Option<String>,
+struct Labels<'a> {
+    capability: Option<&'a str>,
     decision: Option<&'static str>,
     outcome: &'static str,
     code: Option<&'static str>,
 }
 
-impl Labels {
-    fn of(answer: &Answer, counted: &crate::meters::Counted) -> Self {
-        let capability = counted
-            .capability_known
-            .then(|| {
-                answer
-                    .string_member("capability_id")
-                    .map(|c| c.into_owned())
-            })
-            .flatten();
+impl<'a> Labels<'a> {
+    fn of(answer: &Answer, counted: &crate::meters::Counted<'a>) -> Self {
         let decision = answer.string_member("decision").and_then(|d| {
             ["allow", "hold", "deny"]
                 .into_iter()
                 .find(|k| *k == d.as_ref())
         });
         Self {
-            capability,
+            capability: counted.capability,
             decision,
             outcome: counted.outcome,
             code: counted.code.map(|c| c.as_str()),
@@ -135,8 +127,8 @@ impl Labels {
 
     fn record_on(&self, span: &tracing::Span) {
         span.record("outcome", self.outcome);
-        if let Some(c) = &self.capability {
-            span.record("capability", c.as_str());
+        if let Some(c) = self.capability {
+            span.record("capability", c);
         }
         if let Some(d) = self.decision {
             span.record("decision", d);
@@ -151,7 +143,7 @@ impl Labels {
 fn attributes(
     device: Option<&str>,
     p: &Principal,
-    labels: Option<Labels>,
+    labels: Option<Labels<'_>>,
     error: Option<&'static str>,
 ) -> Vec<(&'static str, Cow<'static, str>)> {
     let mut out = Vec::with_capacity(6);
@@ -160,7 +152,7 @@ fn attributes(
     }
     if let Some(l) = labels {
         if let Some(c) = l.capability {
-            out.push(("capability", Cow::Owned(c)));
+            out.push(("capability", Cow::Owned(c.to_owned())));
         }
         if let Some(d) = l.decision {
             out.push(("decision", Cow::Borrowed(d)));
@@ -242,7 +234,7 @@ impl Kernel {
             l.record_on(&span);
         }
         if let Some(t) = traced {
-            let marks = stages.map(|s| s.marks()).unwrap_or_default();
+            let marks = stages.map(|s| s.seal()).unwrap_or_default();
             t.finish(attributes(device_id, p, labels, error), marks);
         }
         answer

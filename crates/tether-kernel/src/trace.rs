@@ -26,7 +26,7 @@
 //! must not block, and with no tracer or an unsampled trace nothing is
 //! recorded.
 
-use crate::stages::Mark;
+use crate::stages::Marks;
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
@@ -76,7 +76,7 @@ pub struct SpanRecord {
     pub attributes: Vec<(&'static str, Cow<'static, str>)>,
     /// A command's stages, each a child span once exported (empty
     /// otherwise).
-    pub marks: Vec<Mark>,
+    pub marks: Marks,
 }
 
 /// Where ended spans go: the endpoint's exporter.
@@ -207,7 +207,7 @@ impl Active {
                 start_unix_ns,
                 end_unix_ns: start_unix_ns,
                 attributes: Vec::new(),
-                marks: Vec::new(),
+                marks: Marks::default(),
             },
             started: Instant::now(),
         }
@@ -227,7 +227,7 @@ impl Active {
     }
 
     /// Ends the span now and offers it, with `attributes` and `marks`.
-    pub fn finish(mut self, attributes: Vec<(&'static str, Cow<'static, str>)>, marks: Vec<Mark>) {
+    pub fn finish(mut self, attributes: Vec<(&'static str, Cow<'static, str>)>, marks: Marks) {
         let took = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.record.end_unix_ns = self.record.start_unix_ns.saturating_add(took);
         self.record.attributes = attributes;
@@ -248,7 +248,7 @@ pub async fn in_span<F: Future>(
         return fut.await;
     };
     let out = scope(Current::Span(active.cx()), fut).await;
-    active.finish(Vec::new(), Vec::new());
+    active.finish(Vec::new(), Marks::default());
     out
 }
 
@@ -344,7 +344,7 @@ mod tests {
             span_id: [8; 8],
         };
         Active::child_of(&sink, caller, true, "POST /rpc", SpanKind::Server)
-            .finish(vec![("surface", "jsonrpc".into())], Vec::new());
+            .finish(vec![("surface", "jsonrpc".into())], Marks::default());
         let spans = p.spans.lock().expect("spans");
         assert_eq!(spans[0].cx.trace_id, [9; 16]);
         assert_eq!(spans[0].parent, Some([8; 8]));

@@ -10,7 +10,8 @@
 //!
 //! Run: `cargo bench -p tether-server --bench telemetry_load` (optionally
 //! `-- CALLERS COMMANDS_PER_CALLER`; `TELEMETRY_SAMPLE_RATIO`,
-//! `TELEMETRY_ROUNDS` off/on pairs run alternately, default 3, and
+//! `TELEMETRY_ROUNDS` off/on pairs run alternately, default 3,
+//! `TELEMETRY_QUEUE` the export queue, default 8192, and
 //! `TELEMETRY_EXPORT=none` for spans made but never sent). Prints `FIGURE`
 //! lines, each round's ratio and their median.
 #![allow(
@@ -64,13 +65,19 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
         .init();
+    // TELEMETRY_QUEUE: `[telemetry] export_queue_max` (default 8192, as
+    // `tether serve`'s).
+    let queue_max: usize = std::env::var("TELEMETRY_QUEUE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(8192);
     let port = start_receiver();
     let exporter = Arc::new(
         tether_server::telemetry::otlp::Exporter::start(&tether_server::telemetry::otlp::Otlp {
             endpoint: format!("http://127.0.0.1:{port}"),
             protocol: tether_server::telemetry::otlp::Protocol::HttpProtobuf,
             service_name: "tether-bench".into(),
-            queue_max: 2048,
+            queue_max,
             timeout: Duration::from_secs(2),
             sample_ratio: ratio,
         })

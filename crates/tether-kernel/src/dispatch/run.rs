@@ -220,7 +220,8 @@ impl Kernel {
         // Pending: the call moves to its own task, whose first poll registers
         // the task's own waker (a future wakes only the waker of its latest
         // poll), so the caller can leave it behind at the deadline.
-        let mut handle = tokio::spawn(call.in_current_span()); // logs keep the command's span
+        // Logs keep the command's span; the call's mark ends in its table.
+        let mut handle = tokio::spawn(crate::stages::carry(call).in_current_span());
         let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
         // A non-abortable call is not stopped by an interlock that opens:
         // Tether cannot abort it, so it ends within its lease or duration

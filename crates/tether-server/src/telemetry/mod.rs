@@ -68,7 +68,10 @@ pub async fn request<F: Future>(
         return trace::scope(Current::Unsampled, fut).await;
     };
     let out = trace::scope(Current::Span(active.cx()), fut).await;
-    active.finish(vec![("surface", Cow::Borrowed(surface))], Vec::new());
+    active.finish(
+        vec![("surface", Cow::Borrowed(surface))],
+        tether_kernel::stages::Marks::default(),
+    );
     out
 }
 

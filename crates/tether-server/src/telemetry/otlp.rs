@@ -11,10 +11,12 @@
 //! it with a small blocking HTTP/1.1 client or as a gRPC call
 //! ([`super::grpc`]), plain text on the wire, every step under the export
 //! timeout; a batch (or the part of one) the collector does not take is
-//! dropped and counted, never retried.
+//! dropped and counted, never retried. The export thread runs below the
+//! command path's priority ([`EXPORT_NICE`]): on a busy machine its spans
+//! wait in the queue, not the commands.
 //!
-//! **Owns:** the ids and the sampler, the queue, the export thread, the
-//! client.
+//! **Owns:** the ids and the sampler, the queue, the export thread and its
+//! priority, the client.
 //! **Never belongs here:** which spans exist and what they carry (the
 //! surfaces and the kernel), the subscriber and its filters (`tether-cli`).
 //! **Fail-closed rule:** nothing here waits on a command's path: the only
@@ -36,7 +38,7 @@ use tether_kernel::trace::{SpanCx, SpanId, SpanRecord, TraceId, Tracer};
 const BATCH_MAX: usize = 2048;
 /// How long spans gather, once some came, before the export thread takes
 /// them: at 40,000 commands a second about 800 commands' spans, well
-/// inside the default queue of 2,048.
+/// inside the default queue of 8,192.
 const GATHER: Duration = Duration::from_millis(20);
 /// The export thread's wait for a first span when none is queued; a flush
 /// or a stop is answered at once.
@@ -163,6 +165,34 @@ fn nonzero<const N: usize>() -> [u8; N] {
     }
 }
 
+/// The export thread's span ids for stage marks: SplitMix64 from a random
+/// seed. A command's stages need ids unique within its trace, not ids an
+/// outsider cannot guess (the trace id, from the OS-seeded generator, is
+/// what keeps traces apart); ten ChaCha draws a command were about a
+/// twentieth of the export thread's samples in a profile.
+struct MarkIds(u64);
+
+impl MarkIds {
+    fn new() -> Self {
+        Self(rand::thread_rng().gen())
+    }
+
+    fn next(&mut self) -> SpanId {
+        // Bounded: a zero comes once in 2⁶⁴ draws.
+        for _ in 0..4 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            if z != 0 {
+                return z.to_be_bytes();
+            }
+        }
+        nonzero::<8>()
+    }
+}
+
 impl Tracer for Exporter {
     fn start_trace(&self) -> Option<SpanCx> {
         let trace_id = nonzero::<16>();
@@ -203,7 +233,10 @@ impl Exporter {
         let service = otlp.service_name.clone();
         std::thread::Builder::new()
             .name("tether-otlp".into())
-            .spawn(move || export_loop(&rx, &mut client, &service))
+            .spawn(move || {
+                yield_to_commands();
+                export_loop(&rx, &mut client, &service);
+            })
             .map_err(|e| format!("starting the span export thread: {e}"))?;
         Ok(Self {
             queue: tx,
@@ -252,11 +285,38 @@ enum Next {
     Stop,
 }
 
+/// How far below the command path the export thread is scheduled (the
+/// Linux nice value it adds to its own).
+const EXPORT_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's scheduling priority by [`EXPORT_NICE`], so
+/// that on a busy machine the callers and the store's writer run first:
+/// measured under `telemetry_load` on two cores (docs/PERFORMANCE.md),
+/// the export thread's bursts otherwise stall the writer's group commits.
+/// Spans wait in the bounded queue meanwhile, and are dropped (counted)
+/// only when the contention outlasts it. A refusal (a sandbox that forbids
+/// it) leaves the priority as it was.
+fn yield_to_commands() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `gettid` and `setpriority` take and return plain
+        // integers; on Linux, `PRIO_PROCESS` with a thread id changes that
+        // thread only.
+        let done = unsafe {
+            let tid = libc::id_t::try_from(libc::gettid()).unwrap_or(0);
+            libc::setpriority(libc::PRIO_PROCESS, tid, EXPORT_NICE)
+        };
+        if done != 0 {
+            tracing::debug!("the span export thread keeps its priority (setpriority refused)");
+        }
+    }
+}
+
 /// Takes one message into `batch`.
-fn take(msg: Msg, batch: &mut Batch) -> Next {
+fn take(msg: Msg, batch: &mut Batch, ids: &mut MarkIds) -> Next {
     match msg {
         Msg::Span(s) => {
-            batch.push(&s, nonzero::<8>);
+            batch.push(&s, || ids.next());
             Next::Go
         }
         Msg::Flush(done) => Next::Flush(done),
@@ -273,9 +333,10 @@ fn take(msg: Msg, batch: &mut Batch) -> Next {
 fn export_loop(rx: &Receiver<Msg>, client: &mut Client, service: &str) {
     let mut batch = Batch::new();
     let mut body = Vec::new();
+    let mut ids = MarkIds::new();
     loop {
         let mut next = match rx.recv_timeout(IDLE_WAIT) {
-            Ok(msg) => take(msg, &mut batch),
+            Ok(msg) => take(msg, &mut batch, &mut ids),
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => Next::Stop,
         };
@@ -290,7 +351,7 @@ fn export_loop(rx: &Receiver<Msg>, client: &mut Client, service: &str) {
             let mut empty = false;
             while matches!(next, Next::Go) && batch.spans() < BATCH_MAX {
                 next = match rx.try_recv() {
-                    Ok(msg) => take(msg, &mut batch),
+                    Ok(msg) => take(msg, &mut batch, &mut ids),
                     Err(std::sync::mpsc::TryRecvError::Empty) => {
                         empty = true;
                         break;
@@ -490,6 +551,16 @@ mod tests {
     }
 
     #[test]
+    fn mark_ids_are_never_zero_and_do_not_repeat() {
+        let mut ids = MarkIds::new();
+        let drawn: std::collections::HashSet<SpanId> = (0..50_000).map(|_| ids.next()).collect();
+        assert_eq!(drawn.len(), 50_000);
+        assert!(!drawn.contains(&[0; 8]));
+        // Two exporters start from different seeds.
+        assert_ne!(MarkIds::new().next(), MarkIds::new().next());
+    }
+
+    #[test]
     fn the_sampler_keeps_its_share_of_traces() {
         let ids: Vec<TraceId> = (0..20_000).map(|_| nonzero::<16>()).collect();
         let kept = |ratio: f64| {
@@ -656,7 +727,7 @@ mod tests {
             start_unix_ns: 1,
             end_unix_ns: 2,
             attributes: Vec::new(),
-            marks: vec![mark("checks", None), mark("policy", Some(0))],
+            marks: vec![mark("checks", None), mark("policy", Some(0))].into(),
         }
     }
 

@@ -159,10 +159,10 @@ impl Batch {
         let attributes = span.attributes.iter().map(|(k, v)| (*k, Cow::as_ref(v)));
         self.add(&own, attributes);
         self.ids.clear();
-        for m in &span.marks {
+        for m in span.marks.iter() {
             let id = new_id();
             self.ids.push(id);
-            self.push_mark(span, m, id);
+            self.push_mark(span, &m, id);
         }
     }
 
@@ -341,7 +341,7 @@ mod tests {
                 ("device", Cow::Borrowed("thermostat-1")),
                 ("outcome", Cow::Owned("completed".into())),
             ],
-            marks,
+            marks: marks.into(),
         }
     }
 
@@ -473,7 +473,7 @@ mod tests {
             name: "POST /rpc",
             kind: SpanKind::Server,
             attributes: vec![("surface", Cow::Borrowed("jsonrpc"))],
-            marks: Vec::new(),
+            marks: tether_kernel::stages::Marks::default(),
             ..command(Vec::new())
         };
         let mut batch = Batch::new();
