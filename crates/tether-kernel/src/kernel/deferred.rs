@@ -454,13 +454,21 @@ impl Kernel {
         let mut rows = Vec::new();
         let mut stamped = Vec::new();
         for (d, dev) in self.inner.devices.iter().enumerate() {
-            let info = dev.latch.lock().map(|l| l.clone()).unwrap_or_default();
-            if !dev.latched.load(Ordering::SeqCst) || info.durable {
+            // Under the latch lock: an e-stop's late rows are checked and
+            // sent under it too (`submit_latch_if_current`), and once the
+            // stamp moves they are never sent, so none lands after this row.
+            let Ok(held) = dev.latch.lock() else {
+                continue;
+            };
+            if !dev.latched.load(Ordering::SeqCst) || held.durable {
                 continue;
             }
-            let since = info
+            let since = held
                 .since_ms
                 .max(dev.latch_event_ms.load(Ordering::SeqCst) + 1);
+            dev.latch_event_ms.fetch_max(since, Ordering::SeqCst);
+            let info = held.clone();
+            drop(held);
             rows.push(trip_row(
                 dev.id(),
                 since,
@@ -480,7 +488,6 @@ impl Kernel {
         })?;
         for (d, since) in stamped {
             let dev = &self.inner.devices[d];
-            dev.latch_event_ms.fetch_max(since, Ordering::SeqCst);
             if let Ok(mut l) = dev.latch.lock() {
                 l.since_ms = since;
                 l.durable = true;

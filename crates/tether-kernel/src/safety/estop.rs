@@ -488,25 +488,56 @@ impl Kernel {
         for _ in 0..LATCH_PERSIST_RETRIES_MAX {
             tokio::time::sleep(delay).await;
             delay = delay.saturating_mul(2).min(LATCH_RETRY_DELAY_MAX);
-            let dev = &self.inner.devices[d];
-            if !dev.latched.load(Ordering::SeqCst)
-                || dev.latch_event_ms.load(Ordering::SeqCst) != generation
-            {
-                return;
-            }
-            let commit = Commit {
-                events: vec![EventDraft {
-                    kind: "safety.estop.persisted".into(),
-                    body: json!({"device_id": dev.id(), "late": true}).into(),
-                }],
-                latches: rows.clone(),
-                ..Commit::default()
+            let Some(answer) = self.submit_latch_if_current(d, generation, &rows) else {
+                return; // a newer latch (or a reset) took its place
             };
-            if self.commit(commit).await.is_ok() {
+            if matches!(answer.await, Ok(Ok(_))) {
                 self.mark_latch_durable(d, generation);
                 return;
             }
         }
+    }
+
+    /// Hands the late latch rows to the store if the latch is still the one
+    /// they record; `None` when it is not. Checked and submitted under the
+    /// device's latch lock: a store that opens re-stamps its start-up trip
+    /// under the same lock before it is seated, so rows from before that
+    /// trip either fail on the closed store or are never sent, and never
+    /// land after the trip's own row (found by `deferred_start` under load).
+    fn submit_latch_if_current(
+        &self,
+        d: usize,
+        generation: u64,
+        rows: &[LatchRow],
+    ) -> Option<
+        tokio::sync::oneshot::Receiver<Result<tether_store::CommitAck, tether_store::StoreError>>,
+    > {
+        let dev = &self.inner.devices[d];
+        let held = dev.latch.lock().ok()?;
+        if !dev.latched.load(Ordering::SeqCst)
+            || dev.latch_event_ms.load(Ordering::SeqCst) != generation
+        {
+            return None;
+        }
+        let commit = Commit {
+            events: vec![EventDraft {
+                kind: "safety.estop.persisted".into(),
+                body: json!({"device_id": dev.id(), "late": true}).into(),
+            }],
+            latches: rows.to_vec(),
+            ..Commit::default()
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The answer only wakes the waiting task: nothing in it takes the
+        // latch lock, so the store may answer right here.
+        self.inner.store.submit(
+            commit,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        drop(held);
+        Some(rx)
     }
 }
 
