@@ -196,6 +196,16 @@ impl Table {
         self.top.store(up.map_or(0, |p| p + 1), Ordering::Relaxed);
     }
 
+    /// The slots opened, in order from the first: those a seal holds (a
+    /// mark's parent always comes before it).
+    fn opened(&self) -> usize {
+        let claimed = self.len.load(Ordering::Relaxed).min(MARKS_MAX);
+        self.slots[..claimed]
+            .iter()
+            .take_while(|s| s.head.load(Ordering::Relaxed) & OPENED != 0)
+            .count()
+    }
+
     /// Slot `i` as a mark (its name's index beside it), a stage still
     /// open, or ending after `now`, ending at `now`; `None` for a slot not
     /// opened.
@@ -241,16 +251,10 @@ impl Stages {
     /// still open (or ending later) ends now. Copies nothing: the exporter
     /// reads the table on its own thread.
     pub(crate) fn seal(&self) -> Marks {
-        let now = since(self.0.base);
-        let claimed = self.0.len.load(Ordering::Relaxed).min(MARKS_MAX);
-        // The opened prefix: a mark's parent always comes before it.
-        let len = (0..claimed)
-            .take_while(|i| self.0.read(*i, now).is_some())
-            .count();
         Marks(Repr::Sealed {
             table: Arc::clone(&self.0),
-            len,
-            now,
+            len: self.0.opened(),
+            now: since(self.0.base),
         })
     }
 
@@ -259,9 +263,9 @@ impl Stages {
     /// index or `-` for the command), marks separated by `;`. A stage
     /// still open ends now.
     pub(crate) fn encode(&self) -> String {
-        let Marks(Repr::Sealed { table, len, now }) = self.seal() else {
-            return String::new();
-        };
+        let table = &self.0;
+        let now = since(table.base);
+        let len = table.opened();
         let mut out = String::with_capacity(len * 24);
         for (index, m) in (0..len).filter_map(|i| table.read(i, now)) {
             if !out.is_empty() {
@@ -282,13 +286,18 @@ impl Stages {
 
 /// A command's marks as its trace span carries them to the exporter:
 /// its sealed table, or (in tests and for spans built elsewhere) a list.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Marks(Repr);
 
-#[derive(Debug, Clone, Default)]
+impl Default for Marks {
+    /// No marks (an empty list allocates nothing).
+    fn default() -> Self {
+        Self(Repr::Listed(Vec::new()))
+    }
+}
+
+#[derive(Debug, Clone)]
 enum Repr {
-    #[default]
-    None,
     Listed(Vec<Mark>),
     Sealed {
         table: Arc<Table>,
@@ -302,7 +311,6 @@ impl Marks {
     #[must_use]
     pub fn len(&self) -> usize {
         match &self.0 {
-            Repr::None => 0,
             Repr::Listed(list) => list.len(),
             Repr::Sealed { len, .. } => *len,
         }
@@ -318,7 +326,6 @@ impl Marks {
     #[must_use]
     pub fn get(&self, i: usize) -> Option<Mark> {
         match &self.0 {
-            Repr::None => None,
             Repr::Listed(list) => list.get(i).cloned(),
             Repr::Sealed { table, len, now } if i < *len => table.read(i, *now).map(|(_, m)| m),
             Repr::Sealed { .. } => None,

@@ -285,11 +285,11 @@ enum Next {
     Stop,
 }
 
-/// How far below the command path the export thread is scheduled (the
-/// Linux nice value it adds to its own).
+/// How far below the command path the export thread is scheduled: the
+/// Linux nice value it sets for itself (the command path keeps 0).
 const EXPORT_NICE: libc::c_int = 10;
 
-/// Lowers the calling thread's scheduling priority by [`EXPORT_NICE`], so
+/// Lowers the calling thread's scheduling priority to [`EXPORT_NICE`], so
 /// that on a busy machine the callers and the store's writer run first:
 /// measured under `telemetry_load` on two cores (docs/PERFORMANCE.md),
 /// the export thread's bursts otherwise stall the writer's group commits.
