@@ -35,6 +35,7 @@ class Pump:
         self.args = args
         self.lock = threading.Lock()
         self.door = args.door
+        self.door_request = None  # set by SIGUSR1/SIGUSR2, applied by the main loop
         self.running = None  # dict: command_id, volume_ml, rate, lease_s, lease_at
         self.dispensed_ml = 0.0
         self.log = open(args.log, "a", buffering=1) if args.log else None
@@ -136,12 +137,21 @@ class Pump:
             self.door = state
             self.publish_state()
 
+    def request_door(self, state):
+        # Called from a signal handler, which runs on the main thread
+        # between two bytecodes, possibly while that thread holds the lock:
+        # taking it here could deadlock, so the main loop applies it.
+        self.door_request = state
+
     def run(self):
         self.client.connect(self.args.host, self.args.port, keepalive=5)
         self.client.loop_start()
         last, last_state = time.monotonic(), 0.0
         while True:
             time.sleep(TICK_S)
+            door, self.door_request = self.door_request, None
+            if door is not None:
+                self.set_door(door)
             now = time.monotonic()
             self.tick(now - last)
             last = now
@@ -163,8 +173,8 @@ def main():
     ap.add_argument("--time-scale", type=float, default=1.0, help="dosing clock speed-up (tests)")
     args = ap.parse_args()
     pump = Pump(args)
-    signal.signal(signal.SIGUSR1, lambda *_: pump.set_door("open"))
-    signal.signal(signal.SIGUSR2, lambda *_: pump.set_door("closed"))
+    signal.signal(signal.SIGUSR1, lambda *_: pump.request_door("open"))
+    signal.signal(signal.SIGUSR2, lambda *_: pump.request_door("closed"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"pump: broker {args.host}:{args.port}, topics {args.prefix}*", file=sys.stderr, flush=True)
     pump.run()
