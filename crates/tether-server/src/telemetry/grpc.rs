@@ -38,6 +38,8 @@ const MESSAGE_MAX: usize = 64 * 1024 * 1024;
 /// How long the runtime runs the open connection's task before a call
 /// reuses it (see `exchange`).
 const REUSE_PAUSE: Duration = Duration::from_millis(1);
+/// How many times the runtime runs its ready tasks after that pause.
+const SETTLE_YIELDS: usize = 4;
 
 /// The names of the gRPC status codes, for the log and the error.
 const STATUS_NAMES: [&str; 17] = [
@@ -139,30 +141,15 @@ fn frame(message: &[u8]) -> Bytes {
 
 /// One call on the open connection (opened first if there is none, or if
 /// the collector closed it while idle).
+///
+/// A batch is never sent twice: it goes to a second connection only when
+/// hyper hands the request back, which it does only for a request that was
+/// never written to the first one (`TrySendError::take_message`).
 async fn exchange(
     target: &Target,
     conn: &mut Option<SendRequest<Full<Bytes>>>,
     framed: Bytes,
 ) -> Result<(u64, String), String> {
-    // Let the runtime's driver and the connection's task read what came
-    // while the thread slept (a GOAWAY, a close), so a dead connection is
-    // replaced before anything is sent on it rather than losing the batch.
-    // A yield alone is not enough: the socket's readiness is only seen
-    // when the runtime parks on its driver, which this short sleep makes
-    // it do (one millisecond a batch, on the export thread).
-    if conn.is_some() {
-        tokio::time::sleep(REUSE_PAUSE).await;
-    }
-    if conn.as_ref().is_none_or(SendRequest::is_closed) {
-        *conn = Some(connect(target).await?);
-    }
-    let Some(sender) = conn.as_mut() else {
-        return Err("no connection".into());
-    };
-    sender
-        .ready()
-        .await
-        .map_err(|e| format!("the connection is not ready: {e}"))?;
     let request = hyper::Request::post(format!(
         "http://{}:{}{EXPORT_PATH}",
         target.host, target.port
@@ -172,11 +159,63 @@ async fn exchange(
     .header("user-agent", concat!("tether/", env!("CARGO_PKG_VERSION")))
     .body(Full::new(framed))
     .map_err(|e| format!("the request: {e}"))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("sending: {e}"))?;
+    let sender = ready_sender(target, conn).await?;
+    let response = match sender.try_send_request(request).await {
+        Ok(response) => response,
+        Err(mut refused) => {
+            let Some(request) = refused.take_message() else {
+                return Err(format!("sending: {}", refused.into_error()));
+            };
+            // The connection closed before the request was written to it
+            // (a GOAWAY read after the check above): a new one takes it.
+            *conn = None;
+            let sender = ready_sender(target, conn).await?;
+            sender
+                .send_request(request)
+                .await
+                .map_err(|e| format!("sending on a new connection: {e}"))?
+        }
+    };
     read_answer(response).await
+}
+
+/// The open connection when it is still usable, else a new one, ready to
+/// take a request.
+async fn ready_sender<'c>(
+    target: &Target,
+    conn: &'c mut Option<SendRequest<Full<Bytes>>>,
+) -> Result<&'c mut SendRequest<Full<Bytes>>, String> {
+    if conn.is_some() {
+        settle().await;
+    }
+    let reusable = match conn.as_mut() {
+        Some(sender) if !sender.is_closed() => sender.ready().await.is_ok(),
+        _ => false,
+    };
+    if !reusable {
+        let mut fresh = connect(target).await?;
+        fresh
+            .ready()
+            .await
+            .map_err(|e| format!("the new connection is not ready: {e}"))?;
+        *conn = Some(fresh);
+    }
+    conn.as_mut().ok_or_else(|| "no connection".to_owned())
+}
+
+/// Lets the runtime's driver and the connection's tasks read what came
+/// while the thread slept (a GOAWAY, a close), so a dead connection is
+/// seen before it is reused. A yield alone is not enough: the socket's
+/// readiness is only seen when the runtime parks on its driver, which this
+/// short sleep makes it do. The sleep's wake-up can be polled before the
+/// tasks the same park woke (a busy machine parks late), so a few yields
+/// follow to let the chain (the h2 task, then hyper's dispatch task) run
+/// out. A close seen later still loses nothing: see `exchange`.
+async fn settle() {
+    tokio::time::sleep(REUSE_PAUSE).await;
+    for _ in 0..SETTLE_YIELDS {
+        tokio::task::yield_now().await;
+    }
 }
 
 async fn connect(target: &Target) -> Result<SendRequest<Full<Bytes>>, String> {
@@ -520,6 +559,23 @@ mod tests {
             assert_eq!(seen.calls, [1, 2, 3], "no batch lost, none sent twice");
             assert_eq!(seen.connections, 3);
         }
+    }
+
+    #[test]
+    fn batches_sent_back_to_back_to_a_collector_that_closes_after_each_lose_nothing() {
+        // The GOAWAY races the next batch: read before the check, the
+        // connection is replaced; read after it, hyper hands the unwritten
+        // request back and a new connection takes it. Either way every
+        // batch arrives once.
+        let (port, seen) = start(Answer::OkThenClose(0));
+        let mut c = client(port, Duration::from_secs(5));
+        let sent: Vec<usize> = (1..=40).collect();
+        for &n in &sent {
+            assert_eq!(c.export(&request(n)), Ok((0, String::new())), "call {n}");
+        }
+        let seen = seen.lock().expect("seen");
+        assert_eq!(seen.calls, sent, "no batch lost, none sent twice");
+        assert!(seen.connections >= 2, "{} connections", seen.connections);
     }
 
     #[test]
