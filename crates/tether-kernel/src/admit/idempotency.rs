@@ -6,7 +6,7 @@
 //! an old command id is still recognised after a restart.
 
 use serde_json::Value;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// What step 4 decided.
@@ -22,23 +22,43 @@ pub enum Begin {
     Unknown,
 }
 
+/// A completed id: the digest of its input, and its receipt while memory
+/// keeps it (`None`: read it back from the store).
 #[derive(Debug)]
-enum Entry {
-    InFlight {
-        digest: String,
-    },
-    Done {
-        digest: String,
-        receipt: Option<Value>,
-    },
+struct Done {
+    digest: String,
+    receipt: Option<Value>,
 }
 
+/// How many retired entries each completion drops (see `Index::retiring`).
+/// A generation holds at most `ceil(capacity / 2)` entries and the next
+/// rotation comes at least `max(1, capacity / 2)` completions later, so four
+/// a completion always empties it in time.
+const RETIRE_PER_INSERT: usize = 4;
+
 /// The index. Bounded: at most `capacity` completed entries stay in memory.
+///
+/// Completed ids live in two generations, `young` (where they are added)
+/// and `old`. When `young` holds half the bound, or both together hold it
+/// all, `old` is retired and `young` becomes `old`; so memory keeps between
+/// half and all of the newest `capacity` ids. Why not one map with a FIFO
+/// of evictions, as before: a hash map that has one entry removed for each
+/// one added fills with tombstones and, every so often, rehashes all of its
+/// slots in one call, under the kernel's index lock (at the default bound
+/// of 50,000 that call took 15–37 ms, and every command waited for it: the
+/// 21 s stall of the load soak, docs/PERFORMANCE.md). A generation is only
+/// ever added to, sized for its share once, so it never rehashes; a retired
+/// one is dropped a few entries at a time; ids in flight, which do come and
+/// go, sit in a small map of their own, as large as the concurrency.
 #[derive(Debug)]
 pub struct Index {
-    /// Keys are shared with `order` (one allocation per id, not two).
-    entries: HashMap<Arc<str>, Entry>,
-    order: VecDeque<Arc<str>>,
+    /// Ids whose command is running, with their input's digest.
+    in_flight: HashMap<Arc<str>, String>,
+    young: HashMap<Arc<str>, Done>,
+    old: HashMap<Arc<str>, Done>,
+    /// The generation retired last, dropped `RETIRE_PER_INSERT` entries at
+    /// a time so that no call pays for all of it.
+    retiring: Option<std::collections::hash_map::IntoIter<Arc<str>, Done>>,
     capacity: usize,
     complete: bool,
     /// Whether this endpoint is the only one on its store: another one may
@@ -51,15 +71,26 @@ impl Index {
     /// An index; `complete` says whether it holds every retained receipt.
     pub fn new(capacity: usize, complete: bool) -> Self {
         assert!(capacity > 0);
-        // Sized for the bound once: never rehashed while commands arrive,
-        // and untouched slots cost no resident memory.
         Self {
-            entries: HashMap::with_capacity(capacity.saturating_add(1)),
-            order: VecDeque::with_capacity(capacity.saturating_add(1)),
+            in_flight: HashMap::new(),
+            young: Self::generation(capacity),
+            old: HashMap::new(),
+            retiring: None,
             capacity,
             complete,
             alone: true,
         }
+    }
+
+    /// The most completed ids one generation takes.
+    fn generation_max(capacity: usize) -> usize {
+        capacity.div_ceil(2)
+    }
+
+    /// A generation sized for its share once: never rehashed while ids
+    /// arrive, and its untouched slots cost no resident memory.
+    fn generation(capacity: usize) -> HashMap<Arc<str>, Done> {
+        HashMap::with_capacity(Self::generation_max(capacity).saturating_add(1))
     }
 
     /// Whether other endpoints share the store (then a miss asks it).
@@ -69,7 +100,7 @@ impl Index {
 
     /// Whether the index holds no id at all (nothing answered yet).
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.in_flight.is_empty() && self.young.is_empty() && self.old.is_empty()
     }
 
     /// Warms the index with a retained id (receipt loaded lazily).
@@ -80,29 +111,41 @@ impl Index {
     /// Warms the index with a stored id the index does not hold yet (an
     /// entry it holds is newer knowledge: it stays as it is).
     pub fn warm_missing(&mut self, command_id: String, digest: String) {
-        if !self.entries.contains_key(command_id.as_str()) {
+        if !self.holds(&command_id) {
             self.warm(command_id, digest);
         }
     }
 
+    fn holds(&self, command_id: &str) -> bool {
+        self.in_flight.contains_key(command_id) || self.done(command_id).is_some()
+    }
+
+    /// The newest completion of an id memory still keeps.
+    fn done(&self, command_id: &str) -> Option<&Done> {
+        self.young
+            .get(command_id)
+            .or_else(|| self.old.get(command_id))
+    }
+
     /// Step 4.
     pub fn begin(&mut self, command_id: &str, digest: &str) -> Begin {
-        match self.entries.get(command_id) {
-            Some(Entry::InFlight { digest: d }) if d != digest => Begin::Reuse("input_differs"),
-            Some(Entry::InFlight { .. }) => Begin::Reuse("in_flight"),
-            Some(Entry::Done { digest: d, .. }) if d != digest => Begin::Reuse("input_differs"),
-            Some(Entry::Done {
+        if let Some(d) = self.in_flight.get(command_id) {
+            return Begin::Reuse(if d == digest {
+                "in_flight"
+            } else {
+                "input_differs"
+            });
+        }
+        match self.done(command_id) {
+            Some(d) if d.digest != digest => Begin::Reuse("input_differs"),
+            Some(Done {
                 receipt: Some(r), ..
             }) => Begin::Replay(r.clone()),
-            Some(Entry::Done { receipt: None, .. }) => Begin::Unknown,
+            Some(Done { receipt: None, .. }) => Begin::Unknown,
             None if !self.complete || !self.alone => Begin::Unknown,
             None => {
-                self.entries.insert(
-                    Arc::from(command_id),
-                    Entry::InFlight {
-                        digest: digest.to_owned(),
-                    },
-                );
+                self.in_flight
+                    .insert(Arc::from(command_id), digest.to_owned());
                 Begin::Fresh
             }
         }
@@ -110,23 +153,17 @@ impl Index {
 
     /// Marks an id in flight after the store confirmed it is unknown.
     pub fn claim(&mut self, command_id: &str, digest: &str) -> bool {
-        if self.entries.contains_key(command_id) {
+        if self.holds(command_id) {
             return false;
         }
-        self.entries.insert(
-            Arc::from(command_id),
-            Entry::InFlight {
-                digest: digest.to_owned(),
-            },
-        );
+        self.in_flight
+            .insert(Arc::from(command_id), digest.to_owned());
         true
     }
 
     /// A refused command never becomes the outcome of its id.
     pub fn abort(&mut self, command_id: &str) {
-        if matches!(self.entries.get(command_id), Some(Entry::InFlight { .. })) {
-            self.entries.remove(command_id);
-        }
+        self.in_flight.remove(command_id);
     }
 
     /// Records the retained receipt of an id.
@@ -142,32 +179,61 @@ impl Index {
         self.insert_done(key, digest, None);
     }
 
-    /// Removes `command_id`'s entry, reusing its key and (when equal) its
-    /// digest instead of allocating them again.
+    /// Takes `command_id` out of flight, reusing its key and (when equal)
+    /// its digest instead of allocating them again.
     fn take_in_flight(&mut self, command_id: &str, digest: &str) -> (Arc<str>, String) {
-        match self.entries.remove_entry(command_id) {
-            Some((key, Entry::InFlight { digest: d } | Entry::Done { digest: d, .. }))
-                if d == digest =>
-            {
-                (key, d)
-            }
+        match self.in_flight.remove_entry(command_id) {
+            Some((key, d)) if d == digest => (key, d),
             Some((key, _)) => (key, digest.to_owned()),
             None => (Arc::from(command_id), digest.to_owned()),
         }
     }
 
     fn insert_done(&mut self, command_id: Arc<str>, digest: String, receipt: Option<Value>) {
-        self.order.push_back(Arc::clone(&command_id));
-        self.entries
-            .insert(command_id, Entry::Done { digest, receipt });
-        let mut evictions = 0usize;
-        while self.order.len() > self.capacity && evictions < 1024 {
-            evictions += 1;
-            if let Some(old) = self.order.pop_front() {
-                if matches!(self.entries.get(&old), Some(Entry::Done { .. })) {
-                    self.entries.remove(&old);
-                    self.complete = false;
-                }
+        self.retire_some();
+        let done = Done { digest, receipt };
+        if let Some(slot) = self.young.get_mut(&command_id) {
+            // Completed again (a warm entry, then its run): the newer
+            // knowledge replaces it, in place.
+            *slot = done;
+            return;
+        }
+        // At most two rotations: after one `young` is empty, and after a
+        // second `old` is too.
+        for _ in 0..2 {
+            let full = self.young.len() + self.old.len() >= self.capacity
+                || self.young.len() >= Self::generation_max(self.capacity);
+            if !full {
+                break;
+            }
+            self.rotate();
+        }
+        debug_assert!(self.young.len() + self.old.len() < self.capacity);
+        self.young.insert(command_id, done);
+    }
+
+    /// Retires `old` and makes `young` the old generation.
+    fn rotate(&mut self) {
+        let young = std::mem::replace(&mut self.young, Self::generation(self.capacity));
+        let old = std::mem::replace(&mut self.old, young);
+        if !old.is_empty() {
+            self.complete = false;
+            // The previous retired generation is empty by now (see
+            // RETIRE_PER_INSERT); if it were not, what is left of it is
+            // dropped here, still bounded by one generation.
+            self.retiring = Some(old.into_iter());
+        }
+    }
+
+    fn retire_some(&mut self) {
+        let Some(retiring) = self.retiring.as_mut() else {
+            return;
+        };
+        for _ in 0..RETIRE_PER_INSERT {
+            if retiring.next().is_none() {
+                // Empty: its table goes now, in one free.
+                self.retiring = None;
+                return;
             }
         }
     }
@@ -197,6 +263,76 @@ mod tests {
         assert!(matches!(ix.begin("c1", "d1"), Begin::Fresh));
         ix.abort("c1");
         assert!(matches!(ix.begin("c1", "d2"), Begin::Fresh));
+    }
+
+    /// Completed ids memory holds.
+    fn held(ix: &Index) -> usize {
+        ix.young.len() + ix.old.len()
+    }
+
+    #[test]
+    fn memory_keeps_at_most_the_bound_and_at_least_the_newest_half() {
+        for capacity in [1, 2, 3, 5, 64, 1000] {
+            let mut ix = Index::new(capacity, true);
+            for i in 0..capacity * 7 + 3 {
+                ix.complete_stored(&format!("c{i}"), "d");
+                assert!(held(&ix) <= capacity, "capacity {capacity}, id {i}");
+                // The newest half (rounded up) is always known.
+                for back in 0..capacity.div_ceil(2).min(i + 1) {
+                    let id = format!("c{}", i - back);
+                    assert!(
+                        ix.done(&id).is_some(),
+                        "capacity {capacity}: {id} after c{i}"
+                    );
+                }
+            }
+            assert!(!ix.complete, "capacity {capacity}: something was evicted");
+            assert!(matches!(ix.begin("c0", "d"), Begin::Unknown));
+        }
+    }
+
+    #[test]
+    fn an_id_in_flight_outlives_any_number_of_rotations() {
+        let mut ix = Index::new(4, true);
+        assert!(matches!(ix.begin("slow", "d"), Begin::Fresh));
+        for i in 0..50 {
+            ix.complete(&format!("c{i}"), "d", json!({"n": i}));
+        }
+        assert!(matches!(ix.begin("slow", "d"), Begin::Reuse("in_flight")));
+        assert!(matches!(
+            ix.begin("slow", "e"),
+            Begin::Reuse("input_differs")
+        ));
+        ix.complete("slow", "d", json!({"status": "completed"}));
+        assert!(matches!(ix.begin("slow", "d"), Begin::Replay(_)));
+    }
+
+    #[test]
+    fn churn_never_grows_a_generation_and_the_retired_one_drains() {
+        // The point of the generations: with one id evicted for each one
+        // added, no map is ever resized or rehashed (a resize would show
+        // as a larger capacity), and what is retired is gone within one
+        // generation's worth of completions.
+        let capacity = 1000;
+        let mut ix = Index::new(capacity, true);
+        let sized = ix.young.capacity();
+        let mut retired_seen = false;
+        for i in 0..capacity * 20 {
+            assert!(matches!(
+                ix.begin(&format!("c{i}"), "d"),
+                Begin::Fresh | Begin::Unknown
+            ));
+            ix.claim(&format!("c{i}"), "d");
+            ix.complete_stored(&format!("c{i}"), "d");
+            assert_eq!(ix.young.capacity(), sized, "after c{i}");
+            assert!(ix.old.capacity() <= sized, "after c{i}");
+            retired_seen |= ix.retiring.is_some();
+            if i % capacity == capacity - 1 {
+                assert!(ix.retiring.as_ref().is_none_or(|r| r.len() <= capacity / 2));
+            }
+        }
+        assert!(retired_seen);
+        assert!(ix.in_flight.is_empty());
     }
 
     #[test]
