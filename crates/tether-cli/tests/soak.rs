@@ -416,6 +416,11 @@ fn soak_keeps_memory_flat_and_answers_everything() {
     eprintln!("soak: {secs} s at {rate} requests/s, {clients} clients, warm-up {warmup} s; idle RSS {:.1} MiB", mib(idle));
 
     let t0 = Instant::now() + Duration::from_millis(200);
+    // To line the run up with a system sampler (scripts/pressure).
+    let t0_unix_ms = (std::time::SystemTime::now() + Duration::from_millis(200))
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    eprintln!("soak: the schedule starts at unix ms {t0_unix_ms}");
     let end = t0 + Duration::from_secs(secs);
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
