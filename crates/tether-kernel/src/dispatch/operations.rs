@@ -19,7 +19,7 @@
 use crate::kernel::{Kernel, Principal, PrincipalKind};
 use crate::ApiError;
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use tether_core::{echo, Code, Receipt, Status};
 use tether_store::{Commit, EventDraft};
 
@@ -41,21 +41,56 @@ pub(crate) struct FinishedOp {
 }
 
 /// A bounded memory of finished operations: id -> summary.
-#[derive(Debug, Default)]
+///
+/// Two generations of at most `FINISHED_MAX / 2` each, as the idempotency
+/// index keeps its ids (`admit/idempotency.rs` says why): a map that had one
+/// entry removed for each one added would now and then rehash all its slots
+/// in one call under this lock; a generation is sized once and only added
+/// to, and a retired one is dropped a few entries per later insert. Memory
+/// keeps at most `FINISHED_MAX` and at least the newest half of it.
+#[derive(Debug)]
 pub(crate) struct Finished {
-    by_id: HashMap<String, FinishedOp>,
-    order: VecDeque<String>,
+    young: HashMap<String, FinishedOp>,
+    old: HashMap<String, FinishedOp>,
+    retiring: Option<std::collections::hash_map::IntoIter<String, FinishedOp>>,
+}
+
+/// The most summaries one generation takes.
+const GENERATION_MAX: usize = FINISHED_MAX / 2;
+/// Summaries of the retired generation dropped per insert: it is empty
+/// long before the next rotation, `GENERATION_MAX` inserts later.
+const RETIRE_PER_INSERT: usize = 4;
+const _: () = assert!(GENERATION_MAX >= 1 && 2 * GENERATION_MAX <= FINISHED_MAX);
+
+impl Default for Finished {
+    fn default() -> Self {
+        Self {
+            young: HashMap::with_capacity(GENERATION_MAX + 1),
+            old: HashMap::new(),
+            retiring: None,
+        }
+    }
 }
 
 impl Finished {
     fn insert(&mut self, op_id: &str, summary: FinishedOp) {
-        self.by_id.insert(op_id.to_owned(), summary);
-        self.order.push_back(op_id.to_owned());
-        while self.order.len() > FINISHED_MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.by_id.remove(&old);
+        if let Some(retiring) = self.retiring.as_mut() {
+            if retiring.by_ref().take(RETIRE_PER_INSERT).count() < RETIRE_PER_INSERT {
+                self.retiring = None;
             }
         }
+        if self.young.len() >= GENERATION_MAX && !self.young.contains_key(op_id) {
+            let young =
+                std::mem::replace(&mut self.young, HashMap::with_capacity(GENERATION_MAX + 1));
+            let old = std::mem::replace(&mut self.old, young);
+            self.retiring = Some(old.into_iter());
+        }
+        self.young.insert(op_id.to_owned(), summary);
+    }
+
+    /// The newest summary kept for `op_id`.
+    fn get(&self, op_id: &str) -> Option<&FinishedOp> {
+        self.young.get(op_id).or_else(|| self.old.get(op_id))
     }
 }
 
@@ -155,7 +190,7 @@ impl Kernel {
         let finished = self.inner.finished_ops.lock().ok();
         let Some(op) = finished
             .as_ref()
-            .and_then(|f| f.by_id.get(operation_id))
+            .and_then(|f| f.get(operation_id))
             .filter(|op| access(p, &op.owner) != Access::None)
         else {
             return Err(Self::unknown_operation(operation_id));
@@ -249,5 +284,51 @@ impl Kernel {
                 op.command_id == command_id && op.session_id.as_deref() == Some(session_id)
             })
             .map(|(id, _)| id.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(n: usize) -> FinishedOp {
+        FinishedOp {
+            status: Status::Completed,
+            command_id: format!("c{n}"),
+            receipt_id: format!("r{n}"),
+            device: 0,
+            capability_id: "cap.thermal.setpoint.v1".into(),
+            owner: "agent".into(),
+        }
+    }
+
+    #[test]
+    fn finished_operations_keep_the_newest_half_and_never_rehash_under_churn() {
+        let mut f = Finished::default();
+        let sized = f.young.capacity();
+        for n in 0..FINISHED_MAX * 5 {
+            f.insert(&format!("op-{n}"), summary(n));
+            assert!(f.young.len() + f.old.len() <= FINISHED_MAX, "after op-{n}");
+            assert_eq!(
+                f.young.capacity(),
+                sized,
+                "no rehash or growth after op-{n}"
+            );
+            if n % 997 == 0 {
+                for back in [0, n.min(GENERATION_MAX - 1)] {
+                    let id = format!("op-{}", n - back);
+                    assert_eq!(
+                        f.get(&id).map(|op| op.command_id.as_str()),
+                        Some(format!("c{}", n - back).as_str())
+                    );
+                }
+                // Whatever was retired is gone well before the next rotation.
+                assert!(f
+                    .retiring
+                    .as_ref()
+                    .is_none_or(|r| r.len() <= GENERATION_MAX));
+            }
+        }
+        assert!(f.get("op-0").is_none());
     }
 }

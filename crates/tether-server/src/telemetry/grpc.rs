@@ -36,7 +36,7 @@ const ANSWER_BYTES_MAX: usize = 64 * 1024;
 const MESSAGE_MAX: usize = 64 * 1024 * 1024;
 
 /// How long the runtime runs the open connection's task before a call
-/// reuses it (see `exchange`).
+/// reuses it (see `settle`).
 const REUSE_PAUSE: Duration = Duration::from_millis(1);
 /// How many times the runtime runs its ready tasks after that pause.
 const SETTLE_YIELDS: usize = 4;
