@@ -6,7 +6,9 @@
 //! ([`catalogue`]), receipts ([`receipt`]) and strict JSON parsing for untrusted
 //! input ([`json`]), and canonical JSON (RFC 8785) with its SHA-256 digests
 //! ([`canonical`]): the form evidence is hashed in; and how much of a
-//! caller's id an error may repeat ([`echo`]).
+//! caller's id an error may repeat ([`echo`]); and the bounded map of recent
+//! entries the kernel and the gateway remember lately-finished work in
+//! ([`recent`]).
 //!
 //! **Never belongs here:** I/O, clocks other than the wall clock used to stamp
 //! receipts, decisions, limits evaluation (that is `tether-limits`), storage
@@ -26,6 +28,7 @@ pub mod ids;
 pub mod json;
 pub mod manifest;
 pub mod receipt;
+pub mod recent;
 
 pub use codes::Code;
 pub use receipt::{Receipt, Refusal, Status};

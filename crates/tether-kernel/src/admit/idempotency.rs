@@ -8,6 +8,7 @@
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
+use tether_core::recent::RecentMap;
 
 /// What step 4 decided.
 #[derive(Debug)]
@@ -30,37 +31,20 @@ struct Done {
     receipt: Option<Value>,
 }
 
-/// How many retired entries each completion drops (see `Index::retiring`).
-/// A generation holds at most `ceil(capacity / 2)` entries and the next
-/// rotation comes at least `max(1, capacity / 2)` completions later, so four
-/// a completion always empties it in time.
-const RETIRE_PER_INSERT: usize = 4;
-
 /// The index. Bounded: at most `capacity` completed entries stay in memory.
 ///
-/// Completed ids live in two generations, `young` (where they are added)
-/// and `old`. When `young` holds half the bound, or both together hold it
-/// all, `old` is retired and `young` becomes `old`; so memory keeps between
-/// half and all of the newest `capacity` ids. Why not one map with a FIFO
-/// of evictions, as before: a hash map that has one entry removed for each
-/// one added fills with tombstones and, every so often, rehashes all of its
-/// slots in one call, under the kernel's index lock (at the default bound
-/// of 50,000 that call took 15–37 ms, and every command waited for it: the
-/// 21 s stall of the load soak, docs/PERFORMANCE.md). A generation is only
-/// ever added to, sized for its share once, so it never rehashes; a retired
-/// one is dropped a few entries at a time; ids in flight, which do come and
-/// go, sit in a small map of their own, as large as the concurrency.
+/// Completed ids live in a [`RecentMap`] (two generations, only ever added
+/// to, so no call rehashes a whole map under the kernel's index lock; its
+/// text says why); memory keeps between half and all of the newest
+/// `capacity` ids. Ids in flight, which do come and go, sit in a small map
+/// of their own, as large as the concurrency.
 #[derive(Debug)]
 pub struct Index {
     /// Ids whose command is running, with their input's digest.
     in_flight: HashMap<Arc<str>, String>,
-    young: HashMap<Arc<str>, Done>,
-    old: HashMap<Arc<str>, Done>,
-    /// The generation retired last, dropped `RETIRE_PER_INSERT` entries at
-    /// a time so that no call pays for all of it.
-    retiring: Option<std::collections::hash_map::IntoIter<Arc<str>, Done>>,
-    capacity: usize,
-    complete: bool,
+    done: RecentMap<Arc<str>, Done>,
+    /// Whether the index held every retained receipt when loaded.
+    loaded_complete: bool,
     /// Whether this endpoint is the only one on its store: another one may
     /// have run an id since this index was loaded, so with company a miss
     /// asks the store (`kernel/fleet.rs` keeps this current).
@@ -73,24 +57,16 @@ impl Index {
         assert!(capacity > 0);
         Self {
             in_flight: HashMap::new(),
-            young: Self::generation(capacity),
-            old: HashMap::new(),
-            retiring: None,
-            capacity,
-            complete,
+            done: RecentMap::new(capacity),
+            loaded_complete: complete,
             alone: true,
         }
     }
 
-    /// The most completed ids one generation takes.
-    fn generation_max(capacity: usize) -> usize {
-        capacity.div_ceil(2)
-    }
-
-    /// A generation sized for its share once: never rehashed while ids
-    /// arrive, and its untouched slots cost no resident memory.
-    fn generation(capacity: usize) -> HashMap<Arc<str>, Done> {
-        HashMap::with_capacity(Self::generation_max(capacity).saturating_add(1))
+    /// Whether a miss is authoritative: every retained receipt was loaded
+    /// and none has been forgotten since.
+    fn misses_are_authoritative(&self) -> bool {
+        self.loaded_complete && !self.done.has_forgotten()
     }
 
     /// Whether other endpoints share the store (then a miss asks it).
@@ -100,7 +76,7 @@ impl Index {
 
     /// Whether the index holds no id at all (nothing answered yet).
     pub fn is_empty(&self) -> bool {
-        self.in_flight.is_empty() && self.young.is_empty() && self.old.is_empty()
+        self.in_flight.is_empty() && self.done.is_empty()
     }
 
     /// Warms the index with a retained id (receipt loaded lazily).
@@ -122,9 +98,7 @@ impl Index {
 
     /// The newest completion of an id memory still keeps.
     fn done(&self, command_id: &str) -> Option<&Done> {
-        self.young
-            .get(command_id)
-            .or_else(|| self.old.get(command_id))
+        self.done.get(command_id)
     }
 
     /// Step 4.
@@ -142,7 +116,7 @@ impl Index {
                 receipt: Some(r), ..
             }) => Begin::Replay(r.clone()),
             Some(Done { receipt: None, .. }) => Begin::Unknown,
-            None if !self.complete || !self.alone => Begin::Unknown,
+            None if !self.misses_are_authoritative() || !self.alone => Begin::Unknown,
             None => {
                 self.in_flight
                     .insert(Arc::from(command_id), digest.to_owned());
@@ -190,52 +164,9 @@ impl Index {
     }
 
     fn insert_done(&mut self, command_id: Arc<str>, digest: String, receipt: Option<Value>) {
-        self.retire_some();
-        let done = Done { digest, receipt };
-        if let Some(slot) = self.young.get_mut(&command_id) {
-            // Completed again (a warm entry, then its run): the newer
-            // knowledge replaces it, in place.
-            *slot = done;
-            return;
-        }
-        // At most two rotations: after one `young` is empty, and after a
-        // second `old` is too.
-        for _ in 0..2 {
-            let full = self.young.len() + self.old.len() >= self.capacity
-                || self.young.len() >= Self::generation_max(self.capacity);
-            if !full {
-                break;
-            }
-            self.rotate();
-        }
-        debug_assert!(self.young.len() + self.old.len() < self.capacity);
-        self.young.insert(command_id, done);
-    }
-
-    /// Retires `old` and makes `young` the old generation.
-    fn rotate(&mut self) {
-        let young = std::mem::replace(&mut self.young, Self::generation(self.capacity));
-        let old = std::mem::replace(&mut self.old, young);
-        if !old.is_empty() {
-            self.complete = false;
-            // The previous retired generation is empty by now (see
-            // RETIRE_PER_INSERT); if it were not, what is left of it is
-            // dropped here, still bounded by one generation.
-            self.retiring = Some(old.into_iter());
-        }
-    }
-
-    fn retire_some(&mut self) {
-        let Some(retiring) = self.retiring.as_mut() else {
-            return;
-        };
-        for _ in 0..RETIRE_PER_INSERT {
-            if retiring.next().is_none() {
-                // Empty: its table goes now, in one free.
-                self.retiring = None;
-                return;
-            }
-        }
+        // Completed again (a warm entry, then its run): the newer knowledge
+        // replaces it.
+        self.done.insert(command_id, Done { digest, receipt });
     }
 }
 
@@ -267,7 +198,7 @@ mod tests {
 
     /// Completed ids memory holds.
     fn held(ix: &Index) -> usize {
-        ix.young.len() + ix.old.len()
+        ix.done.len()
     }
 
     #[test]
@@ -286,7 +217,10 @@ mod tests {
                     );
                 }
             }
-            assert!(!ix.complete, "capacity {capacity}: something was evicted");
+            assert!(
+                !ix.misses_are_authoritative(),
+                "capacity {capacity}: something was evicted"
+            );
             assert!(matches!(ix.begin("c0", "d"), Begin::Unknown));
         }
     }
@@ -315,7 +249,7 @@ mod tests {
         // generation's worth of completions.
         let capacity = 1000;
         let mut ix = Index::new(capacity, true);
-        let sized = ix.young.capacity();
+        let sized = ix.done.young_slots();
         let mut retired_seen = false;
         for i in 0..capacity * 20 {
             assert!(matches!(
@@ -324,11 +258,11 @@ mod tests {
             ));
             ix.claim(&format!("c{i}"), "d");
             ix.complete_stored(&format!("c{i}"), "d");
-            assert_eq!(ix.young.capacity(), sized, "after c{i}");
-            assert!(ix.old.capacity() <= sized, "after c{i}");
-            retired_seen |= ix.retiring.is_some();
+            assert_eq!(ix.done.young_slots(), sized, "after c{i}");
+            assert!(ix.done.old_slots() <= sized, "after c{i}");
+            retired_seen |= ix.done.retiring_len() > 0;
             if i % capacity == capacity - 1 {
-                assert!(ix.retiring.as_ref().is_none_or(|r| r.len() <= capacity / 2));
+                assert!(ix.done.retiring_len() <= capacity / 2);
             }
         }
         assert!(retired_seen);

@@ -19,7 +19,7 @@
 use crate::kernel::{Kernel, Principal, PrincipalKind};
 use crate::ApiError;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use tether_core::recent::RecentMap;
 use tether_core::{echo, Code, Receipt, Status};
 use tether_store::{Commit, EventDraft};
 
@@ -40,57 +40,27 @@ pub(crate) struct FinishedOp {
     owner: String,
 }
 
-/// A bounded memory of finished operations: id -> summary.
-///
-/// Two generations of at most `FINISHED_MAX / 2` each, as the idempotency
-/// index keeps its ids (`admit/idempotency.rs` says why): a map that had one
-/// entry removed for each one added would now and then rehash all its slots
-/// in one call under this lock; a generation is sized once and only added
-/// to, and a retired one is dropped a few entries per later insert. Memory
-/// keeps at most `FINISHED_MAX` and at least the newest half of it.
+/// A bounded memory of finished operations: id -> summary, in a
+/// [`RecentMap`] (two generations only ever added to: no call rehashes a
+/// whole map under this lock). Memory keeps at most `FINISHED_MAX` and at
+/// least the newest half of it.
 #[derive(Debug)]
-pub(crate) struct Finished {
-    young: HashMap<String, FinishedOp>,
-    old: HashMap<String, FinishedOp>,
-    retiring: Option<std::collections::hash_map::IntoIter<String, FinishedOp>>,
-}
-
-/// The most summaries one generation takes.
-const GENERATION_MAX: usize = FINISHED_MAX / 2;
-/// Summaries of the retired generation dropped per insert: it is empty
-/// long before the next rotation, `GENERATION_MAX` inserts later.
-const RETIRE_PER_INSERT: usize = 4;
-const _: () = assert!(GENERATION_MAX >= 1 && 2 * GENERATION_MAX <= FINISHED_MAX);
+pub(crate) struct Finished(RecentMap<String, FinishedOp>);
 
 impl Default for Finished {
     fn default() -> Self {
-        Self {
-            young: HashMap::with_capacity(GENERATION_MAX + 1),
-            old: HashMap::new(),
-            retiring: None,
-        }
+        Self(RecentMap::new(FINISHED_MAX))
     }
 }
 
 impl Finished {
     fn insert(&mut self, op_id: &str, summary: FinishedOp) {
-        if let Some(retiring) = self.retiring.as_mut() {
-            if retiring.by_ref().take(RETIRE_PER_INSERT).count() < RETIRE_PER_INSERT {
-                self.retiring = None;
-            }
-        }
-        if self.young.len() >= GENERATION_MAX && !self.young.contains_key(op_id) {
-            let young =
-                std::mem::replace(&mut self.young, HashMap::with_capacity(GENERATION_MAX + 1));
-            let old = std::mem::replace(&mut self.old, young);
-            self.retiring = Some(old.into_iter());
-        }
-        self.young.insert(op_id.to_owned(), summary);
+        self.0.insert(op_id.to_owned(), summary);
     }
 
     /// The newest summary kept for `op_id`.
     fn get(&self, op_id: &str) -> Option<&FinishedOp> {
-        self.young.get(op_id).or_else(|| self.old.get(op_id))
+        self.0.get(op_id)
     }
 }
 
@@ -304,16 +274,13 @@ mod tests {
 
     #[test]
     fn finished_operations_keep_the_newest_half_and_never_rehash_under_churn() {
+        const GENERATION_MAX: usize = FINISHED_MAX / 2;
         let mut f = Finished::default();
-        let sized = f.young.capacity();
+        let sized = f.0.young_slots();
         for n in 0..FINISHED_MAX * 5 {
             f.insert(&format!("op-{n}"), summary(n));
-            assert!(f.young.len() + f.old.len() <= FINISHED_MAX, "after op-{n}");
-            assert_eq!(
-                f.young.capacity(),
-                sized,
-                "no rehash or growth after op-{n}"
-            );
+            assert!(f.0.len() <= FINISHED_MAX, "after op-{n}");
+            assert_eq!(f.0.young_slots(), sized, "no rehash or growth after op-{n}");
             if n % 997 == 0 {
                 for back in [0, n.min(GENERATION_MAX - 1)] {
                     let id = format!("op-{}", n - back);
@@ -323,10 +290,7 @@ mod tests {
                     );
                 }
                 // Whatever was retired is gone well before the next rotation.
-                assert!(f
-                    .retiring
-                    .as_ref()
-                    .is_none_or(|r| r.len() <= GENERATION_MAX));
+                assert!(f.0.retiring_len() <= GENERATION_MAX);
             }
         }
         assert!(f.get("op-0").is_none());

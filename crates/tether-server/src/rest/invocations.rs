@@ -16,8 +16,9 @@
 //! not a JSON tree (~12 KB each when it was one).
 
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use tether_core::canonical::{object_text, CanonicalText, Member, MembersError, MAX_BODY_DEPTH};
+use tether_core::recent::RecentMap;
 use tether_core::Code;
 use tether_kernel::{Answer, CancelToken};
 
@@ -346,14 +347,17 @@ impl Invocation {
 }
 
 /// What the gateway knows about one invocation id in memory.
+///
+/// Pending invocations sit in a map of their own (bounded by
+/// [`PENDING_MAX`]; they come and go, but it is small and sized once);
+/// finished ones move into a [`RecentMap`], which forgets the oldest beyond
+/// the table's bound without ever rehashing a whole map under this lock
+/// (its text says why a map with a FIFO of evictions did).
 pub(crate) struct Table {
-    /// Boxed, so the map's slots stay small: it is sized for its bound once
-    /// (never rehashed under load) and touches memory only as it fills.
-    by_id: HashMap<String, Box<Invocation>>,
-    pending: usize,
-    finished_order: VecDeque<String>,
-    /// Finished invocations kept, at most (at least 1).
-    finished_max: usize,
+    /// Boxed, so the maps' slots stay small: each is sized for its bound
+    /// once and touches memory only as it fills.
+    pending: HashMap<String, Box<Invocation>>,
+    finished: RecentMap<String, Box<Invocation>>,
 }
 
 impl Default for Table {
@@ -368,36 +372,39 @@ impl Table {
     pub fn new(finished_max: usize) -> Self {
         let finished_max = finished_max.clamp(1, FINISHED_MAX_LIMIT);
         Self {
-            by_id: HashMap::with_capacity(PENDING_MAX + finished_max),
-            pending: 0,
-            finished_order: VecDeque::with_capacity(finished_max + 1),
-            finished_max,
+            pending: HashMap::with_capacity(PENDING_MAX),
+            finished: RecentMap::new(finished_max),
         }
     }
 
     /// Adds a pending invocation, unless [`PENDING_MAX`] are pending.
     pub fn insert(&mut self, inv: Invocation) -> bool {
-        if self.pending >= PENDING_MAX {
+        if self.pending.len() >= PENDING_MAX {
             return false;
         }
-        self.pending += 1;
-        self.by_id
+        self.pending
             .insert(inv.record.invocation_id.clone(), Box::new(inv));
         true
     }
 
     pub fn get(&self, id: &str) -> Option<&Invocation> {
-        self.by_id.get(id).map(|b| &**b)
+        self.pending
+            .get(id)
+            .or_else(|| self.finished.get(id))
+            .map(|b| &**b)
     }
 
     pub fn get_mut(&mut self, id: &str) -> Option<&mut Invocation> {
-        self.by_id.get_mut(id).map(|b| &mut **b)
+        match self.pending.get_mut(id) {
+            Some(b) => Some(&mut **b),
+            None => self.finished.get_mut(id).map(|b| &mut **b),
+        }
     }
 
     /// Marks an invocation finished with its outcome (moved into the
-    /// record); evicts the oldest finished ones beyond the table's bound.
-    /// Answers the finished record's row form when `copy` asks for it (the
-    /// caller must record it), `None` when it was not pending.
+    /// record); the oldest finished ones beyond the table's bound are
+    /// forgotten. Answers the finished record's row form when `copy` asks
+    /// for it (the caller must record it), `None` when it was not pending.
     pub fn finish(
         &mut self,
         id: &str,
@@ -405,22 +412,14 @@ impl Table {
         finished_at_ms: u64,
         copy: bool,
     ) -> Option<Option<Finished>> {
-        let inv = self.by_id.get_mut(id)?;
-        if !inv.pending() {
-            return None;
-        }
+        let (key, mut inv) = self.pending.remove_entry(id)?;
+        debug_assert!(inv.pending(), "only pending invocations sit in `pending`");
         inv.record.finish(outcome, finished_at_ms);
         let finished = copy.then(|| Finished {
             event: inv.record.write_finished(),
             row: inv.record.write(Form::Row),
         });
-        self.pending = self.pending.saturating_sub(1);
-        self.finished_order.push_back(id.to_owned());
-        while self.finished_order.len() > self.finished_max {
-            if let Some(old) = self.finished_order.pop_front() {
-                self.by_id.remove(&old);
-            }
-        }
+        self.finished.insert(key, inv);
         Some(finished)
     }
 }
@@ -512,6 +511,34 @@ mod tests {
             "finishes once"
         );
         assert!(t.insert(pending("one_more")));
+    }
+
+    #[test]
+    fn finished_invocations_beyond_the_bound_are_forgotten_oldest_first() {
+        let mut t = Table::new(3);
+        let done =
+            || Outcome::receipt(Answer::Value(json!({"status": "completed", "error": null})));
+        for i in 0..10 {
+            assert!(t.insert(pending(&format!("inv_{i}"))));
+            assert!(t.get(&format!("inv_{i}")).is_some_and(Invocation::pending));
+            assert!(t.finish(&format!("inv_{i}"), done(), i, false).is_some());
+            assert!(t.finished.len() <= 3, "after inv_{i}");
+            // The newest half of the bound (rounded up) is always kept, finished.
+            for back in 0..2.min(i + 1) {
+                let id = format!("inv_{}", i - back);
+                assert!(
+                    t.get(&id).is_some_and(|inv| !inv.pending()),
+                    "{id} after inv_{i}"
+                );
+            }
+        }
+        assert!(t.get("inv_0").is_none());
+        assert!(t.pending.is_empty());
+        // A finished record is still changed in place (a stop asked of it).
+        if let Some(inv) = t.get_mut("inv_9") {
+            inv.record.stop_requested = true;
+        }
+        assert!(t.get("inv_9").is_some_and(|inv| inv.record.stop_requested));
     }
 
     #[test]
