@@ -387,6 +387,32 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+/// Writes back what earlier writers left dirty (the build that made the
+/// binary: hundreds of MB) before the run. The kernel writes dirty pages
+/// back ~30 s after they were dirtied, in bursts that queue ahead of the
+/// store's small synced writes on the same disk, and a disk without FUA
+/// flushes everyone's writes with each commit's: a build's writeback
+/// landing inside the run showed as 20-130 ms stalls of every request that
+/// were the build's, not the endpoint's (docs/PERFORMANCE.md, "What the
+/// remaining stalls were").
+fn settle_the_disk() {
+    let dirty = || dirty_kib().map_or_else(|| "?".to_owned(), |k| k.to_string());
+    let before = dirty();
+    let synced = Command::new("sync").status().is_ok_and(|s| s.success());
+    eprintln!(
+        "soak: dirty page cache before the run {before} KiB; `sync` {}; now {} KiB",
+        if synced { "done" } else { "unavailable" },
+        dirty()
+    );
+}
+
+/// The kernel's dirty page cache, KiB (`/proc/meminfo`, Linux).
+fn dirty_kib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Dirty:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 #[test]
 fn soak_keeps_memory_flat_and_answers_everything() {
     let secs = env_u64("TETHER_SOAK_SECS").unwrap_or(60).max(10);
@@ -400,6 +426,7 @@ fn soak_keeps_memory_flat_and_answers_everything() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write_config(dir.path());
     let state = dir.path().join("state");
+    settle_the_disk();
     // A program that execs the binary it is handed (first argument) or
     // another one: to measure a build from before a change.
     let wrapper = std::env::var_os("TETHER_SOAK_WRAPPER");
