@@ -58,11 +58,6 @@ fn main() {
     let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(commits); names.len()];
     let record = vec![b'r'; RECORD_BYTES];
     let mut offset = 0u64;
-    let next = |offset: &mut u64| {
-        let at = *offset;
-        *offset = (*offset + RECORD_BYTES as u64) % (JOURNAL_BYTES - RECORD_BYTES as u64);
-        at
-    };
     for i in 1..=commits {
         let seq = i64::try_from(i).expect("small");
         let t = Instant::now();
@@ -70,24 +65,18 @@ fn main() {
         times[0].push(t.elapsed());
 
         let t = Instant::now();
-        journal
-            .write_all_at(&record, next(&mut offset))
-            .expect("write");
+        append(&journal, &record, &mut offset);
         journal.sync_data().expect("fdatasync");
         times[1].push(t.elapsed());
 
         let t = Instant::now();
-        journal
-            .write_all_at(&record, next(&mut offset))
-            .expect("write");
+        append(&journal, &record, &mut offset);
         journal.sync_data().expect("fdatasync");
         commit(&off, seq * 2);
         times[2].push(t.elapsed());
 
         let t = Instant::now();
-        journal
-            .write_all_at(&record, next(&mut offset))
-            .expect("write");
+        append(&journal, &record, &mut offset);
         to_flusher.send(()).expect("flusher");
         commit(&off, seq * 2 + 1);
         from_flusher.recv().expect("flusher").expect("fdatasync");
@@ -115,6 +104,14 @@ fn main() {
             p50 - flush
         );
     }
+}
+
+/// Writes `record` at `offset` in the journal and moves `offset` past it
+/// (wrapping before the preallocated end).
+fn append(journal: &File, record: &[u8], offset: &mut u64) {
+    journal.write_all_at(record, *offset).expect("write");
+    let len = record.len() as u64;
+    *offset = (*offset + len) % (JOURNAL_BYTES - len);
 }
 
 /// A file of `len` zero bytes, written and synced (no unwritten extents, so
