@@ -4,7 +4,10 @@
 //! flushes + 20 µs" for a physical call, which needs its durable start too).
 //!
 //! - `flush_4k_us`: a 4 KiB write and `fdatasync` of a file in the store's
-//!   directory (what `dd bs=4k oflag=dsync` measures), before and after.
+//!   directory (what `dd bs=4k oflag=dsync` measures), before and after, and
+//!   interleaved with each run's commands in blocks of 100 (`flush_p50`):
+//!   each run's figure over a flush is taken against the flushes of its own
+//!   minutes, since this disk's flush swings from minute to minute.
 //! - `single_setpoint_us`: a simulated setpoint on the SQLite store (WAL,
 //!   `synchronous=FULL`): one commit, its admission in its receipt.
 //! - `single_physical_us`: the same thermostat declared `hardware` (the
@@ -40,34 +43,77 @@ fn main() {
         .find_map(|a| a.parse::<usize>().ok())
         .unwrap_or(5_000);
     let dir = tempfile::tempdir().expect("tempdir");
+    // `SINGLE_CALLER_ONLY=setpoint` (or another run's name) runs that one
+    // alone: for a profile of one path.
+    let only = std::env::var("SINGLE_CALLER_ONLY").ok();
     let flush_before = flush_p50_us(dir.path());
-    let setpoint_thread = run(dir.path(), "setpoint-thread", false, false, commands);
-    let setpoint = run(dir.path(), "setpoint", false, true, commands);
-    let physical_thread = run(dir.path(), "physical-thread", true, false, commands);
-    let physical = run(dir.path(), "physical", true, true, commands);
-    let flush_after = flush_p50_us(dir.path());
-    let flush = (flush_before + flush_after) / 2.0;
-    println!("FIGURE flush_4k_us p50_before={flush_before:.1} p50_after={flush_after:.1}");
-    for (name, (p50, p99), flushes) in [
-        ("single_setpoint_thread_us", setpoint_thread, 1.0),
-        ("single_setpoint_us", setpoint, 1.0),
-        ("single_physical_thread_us", physical_thread, 2.0),
-        ("single_physical_us", physical, 2.0),
+    let mut flush_sum = 0.0_f64;
+    let mut runs = 0.0_f64;
+    for (name, figure, physical, inline, flushes) in [
+        (
+            "setpoint-thread",
+            "single_setpoint_thread_us",
+            false,
+            false,
+            1.0,
+        ),
+        ("setpoint", "single_setpoint_us", false, true, 1.0),
+        (
+            "physical-thread",
+            "single_physical_thread_us",
+            true,
+            false,
+            2.0,
+        ),
+        ("physical", "single_physical_us", true, true, 2.0),
     ] {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let r = run(dir.path(), name, physical, inline, commands);
+        flush_sum += r.flush_p50;
+        runs += 1.0;
         println!(
-            "FIGURE {name} p50={p50:.1} p99={p99:.1} over_{flushes}_flushes={:.1} goal_over=20",
-            p50 - flushes * flush
+            "FIGURE {figure} p50={:.1} p99={:.1} flush_p50={:.1} over_{flushes}_flushes={:.1} goal_over=20",
+            r.p50,
+            r.p99,
+            r.flush_p50,
+            r.p50 - flushes * r.flush_p50
         );
     }
+    let flush_after = flush_p50_us(dir.path());
+    println!(
+        "FIGURE flush_4k_us p50_before={flush_before:.1} p50_after={flush_after:.1} p50_interleaved={:.1}",
+        flush_sum / runs.max(1.0)
+    );
 }
+
+/// One run's figures, µs: the commands' p50 and p99, and the p50 of the
+/// flushes interleaved with them (the disk's flush swings from minute to
+/// minute, so a figure "over a flush" takes the flush of the same minutes).
+struct RunFigures {
+    p50: f64,
+    p99: f64,
+    flush_p50: f64,
+}
+
+/// Commands and probe flushes alternate in blocks of this many.
+const BLOCK: usize = 100;
 
 /// p50 of 2,000 4 KiB writes, each made durable by `fdatasync`, µs.
 fn flush_p50_us(dir: &Path) -> f64 {
+    let mut samples = Vec::with_capacity(2_000);
+    flush_samples(dir, 2_000, &mut samples);
+    percentiles(samples).0
+}
+
+/// `n` 4 KiB writes of one block of a probe file in `dir`, each made
+/// durable by `fdatasync` (what `dd bs=4k oflag=dsync` measures), ns each.
+fn flush_samples(dir: &Path, n: usize, samples: &mut Vec<u128>) {
     let path = dir.join("flush-probe");
     let mut f = std::fs::File::create(&path).expect("probe file");
     let block = [0x5au8; 4096];
-    let mut samples = Vec::with_capacity(2_000);
-    for _ in 0..2_000 {
+    for _ in 0..n {
         let t = Instant::now();
         f.seek(SeekFrom::Start(0)).expect("seek");
         f.write_all(&block).expect("write");
@@ -76,13 +122,13 @@ fn flush_p50_us(dir: &Path) -> f64 {
     }
     drop(f);
     let _ = std::fs::remove_file(path);
-    percentiles(samples).0
 }
 
 /// `commands` setpoints one at a time on a fresh SQLite store in `dir`; the
 /// thermostat declared `hardware` when `physical`; commits applied on the
-/// caller's thread when `inline`. (p50, p99) µs.
-fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) -> (f64, f64) {
+/// caller's thread when `inline`; every [`BLOCK`] commands, as many probe
+/// flushes.
+fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) -> RunFigures {
     let state = dir.join(name);
     std::fs::create_dir_all(&state).expect("state dir");
     let store = Arc::new(SqliteStore::open(&state).expect("store"));
@@ -92,11 +138,18 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
     let p = Principal::local_agent();
     let session = common::open_session(&rt, &k, &p);
     let label = name.to_owned();
-    let samples = rt.block_on(async move {
+    let probe_dir = state.clone();
+    let (samples, flushes) = rt.block_on(async move {
         let caller = tokio::spawn(async move {
             let mut samples = Vec::with_capacity(commands);
+            let mut flushes = Vec::with_capacity(commands);
             let mut out = Vec::with_capacity(4096);
             for n in 0..commands {
+                if n % BLOCK == 0 {
+                    // The probe blocks this worker, as the bench means it to:
+                    // nothing else runs meanwhile.
+                    flush_samples(&probe_dir, BLOCK, &mut flushes);
+                }
                 let req = common::setpoint(&session, 20.0 + (n % 50) as f64);
                 let t = Instant::now();
                 let answer = k
@@ -109,7 +162,7 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
                 assert_eq!(answer.status(), Some("completed"), "{label}");
                 assert!(!answer.not_durable(), "{label}");
             }
-            samples
+            (samples, flushes)
         });
         caller.await.expect("caller")
     });
@@ -118,7 +171,12 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
         "# {name}: {} batches, {} of them on the caller's thread",
         stats.batches, stats.inline_batches
     );
-    percentiles(samples)
+    let (p50, p99) = percentiles(samples);
+    RunFigures {
+        p50,
+        p99,
+        flush_p50: percentiles(flushes).0,
+    }
 }
 
 /// The built-in cell on `store`; its thermostat `hardware` when `physical`
