@@ -96,6 +96,9 @@ struct Tally {
     slowest: Vec<(u64, u64, String)>,
     /// Requests slower than 10 ms (the bound on the maximum).
     over_10ms: u64,
+    /// How many of those were sent in each second of the run (seconds since
+    /// the start): whether they came in one moment or were spread out.
+    over_10ms_by_second: std::collections::BTreeMap<u64, u64>,
     connects: u64,
 }
 
@@ -107,6 +110,8 @@ impl Tally {
         self.lat_us.push(lat_us);
         if lat_us > 10_000 {
             self.over_10ms += 1;
+            // One key per second of the run at most: bounded by its length.
+            *self.over_10ms_by_second.entry(at_ms / 1000).or_insert(0) += 1;
         }
         let floor = self.slowest.iter().map(|s| s.0).min().unwrap_or(0);
         if self.slowest.len() < SLOWEST_KEPT || lat_us > floor {
@@ -280,7 +285,7 @@ fn load_thread(
     rate: u64,
     t0: Instant,
     end: Instant,
-) -> Tally {
+) -> (Tally, Vec<(String, f64, String)>) {
     let mut conn = Conn::new(addr);
     let sid = match conn.request(
         "POST",
@@ -302,7 +307,12 @@ fn load_thread(
         sid,
         worker,
         done: Vec::new(),
-        tally: Tally::default(),
+        tally: Tally {
+            // Sized once for the whole run: a doubling copy of a large
+            // vector mid-run takes CPU the endpoint's answers then wait for.
+            lat_us: Vec::with_capacity(expected_requests(rate, clients, t0, end)),
+            ..Tally::default()
+        },
     };
     let mut i = worker;
     let mut last_beat = Instant::now();
@@ -337,7 +347,18 @@ fn load_thread(
         i += clients;
     }
     l.tally.connects = l.conn.connects;
-    l.tally
+    // The remembered commands go back to the caller, to be dropped once
+    // every load thread has ended: freed here, some 100,000 strings a thread,
+    // they took CPU from the endpoint in the run's last second, while the
+    // other threads' last requests were still being timed.
+    (l.tally, l.done)
+}
+
+/// How many requests one of `clients` load threads sends between `t0` and
+/// `end` at `rate` requests/s in all (a little over, for the rounding).
+fn expected_requests(rate: u64, clients: u64, t0: Instant, end: Instant) -> usize {
+    let secs = end.saturating_duration_since(t0).as_secs() + 1;
+    usize::try_from(rate.saturating_mul(secs) / clients.max(1) + 16).unwrap_or(0)
 }
 
 /// E-stop + reset pairs on `relay-1`: (answer latencies µs, anomalies).
@@ -470,11 +491,12 @@ fn soak_keeps_memory_flat_and_answers_everything() {
     let loads: Vec<_> = (0..clients)
         .map(|w| std::thread::spawn(move || load_thread(addr, w, clients, rate, t0, end)))
         .collect();
-    let tallies: Vec<Tally> = loads
+    let (tallies, remembered): (Vec<Tally>, Vec<_>) = loads
         .into_iter()
         .map(|h| h.join().expect("load thread"))
-        .collect();
+        .unzip();
     let elapsed = t0.elapsed();
+    drop(remembered);
     stop.store(true, Ordering::Relaxed);
     let (mut estop_lat, estop_bad) = estops.join().expect("e-stop thread");
     sampler.join().expect("sampler");
@@ -526,6 +548,20 @@ fn soak_keeps_memory_flat_and_answers_everything() {
             .map(|(lat, at, what)| format!("{:.1} @ {:.1} {what}", *lat as f64 / 1e3, *at as f64 / 1e3))
             .collect::<Vec<_>>()
             .join("; ")
+    );
+    let mut by_second = std::collections::BTreeMap::<u64, u64>::new();
+    for t in &tallies {
+        for (sec, n) in &t.over_10ms_by_second {
+            *by_second.entry(*sec).or_insert(0) += n;
+        }
+    }
+    eprintln!(
+        "soak figures: requests over 10 ms by the second they were sent in (s: count): {}",
+        by_second
+            .iter()
+            .map(|(sec, n)| format!("{sec}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let every = (secs / 20).max(5);
     let mut trace: Vec<String> = Vec::new();

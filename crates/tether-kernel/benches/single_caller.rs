@@ -46,6 +46,10 @@ fn main() {
     // `SINGLE_CALLER_ONLY=setpoint` (or another run's name) runs that one
     // alone: for a profile of one path.
     let only = std::env::var("SINGLE_CALLER_ONLY").ok();
+    let names = ["setpoint-thread", "setpoint", "physical-thread", "physical"];
+    if let Some(o) = only.as_deref().filter(|o| !names.contains(o)) {
+        panic!("SINGLE_CALLER_ONLY={o:?} names no run; one of {names:?}");
+    }
     let flush_before = flush_p50_us(dir.path());
     let mut flush_sum = 0.0_f64;
     let mut runs = 0.0_f64;
