@@ -44,7 +44,8 @@ for t in "${TARGETS[@]}"; do
   cov=$(echo "$last" | grep -o 'cov: [0-9]*' | grep -o '[0-9]*')
   ft=$(echo "$last" | grep -o 'ft: [0-9]*' | grep -o '[0-9]*')
   corp=$(echo "$last" | grep -o 'corp: [0-9]*/[0-9a-zA-Z]*' | sed 's/corp: //')
-  crashes=$(find "artifacts/$t" -type f | wc -l)
+  # Only what this run left: artifacts of earlier runs stay until removed.
+  crashes=$(find "artifacts/$t" -type f -newermt "@$start" | wc -l)
   [ "$rc" -ne 0 ] && status=1
   printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$t" "${execs:-?}" "$secs" "${rate:-?}" \
     "${cov:-?}" "${ft:-?}" "${corp:-?}" "$crashes" >>"$OUT/summary.md"

@@ -78,11 +78,14 @@ fn main() {
         flush_sum += r.flush_p50;
         runs += 1.0;
         println!(
-            "FIGURE {figure} p50={:.1} p99={:.1} flush_p50={:.1} over_{flushes}_flushes={:.1} goal_over=20",
+            "FIGURE {figure} p50={:.1} p99={:.1} flush_p50={:.1} over_{flushes}_flushes={:.1} goal_over=20 command_mean={:.1} commit_mean_each={:.1} outside_commits_mean={:.1}",
             r.p50,
             r.p99,
             r.flush_p50,
-            r.p50 - flushes * r.flush_p50
+            r.p50 - flushes * r.flush_p50,
+            r.command_mean,
+            r.commit_mean,
+            r.command_mean - flushes * r.commit_mean
         );
     }
     let flush_after = flush_p50_us(dir.path());
@@ -99,6 +102,12 @@ struct RunFigures {
     p50: f64,
     p99: f64,
     flush_p50: f64,
+    /// Means over the run, µs: the whole command, and its commits as the
+    /// kernel times them (`GET /metrics`' commit latency: from handing a
+    /// commit to the store to its durable answer). The difference is
+    /// Tether's own work around the store.
+    command_mean: f64,
+    commit_mean: f64,
 }
 
 /// Commands and probe flushes alternate in blocks of this many.
@@ -138,6 +147,7 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
     let store = Arc::new(SqliteStore::open(&state).expect("store"));
     store.set_inline_commits(inline);
     let k = kernel(Arc::clone(&store), physical);
+    let meters = k.clone();
     let rt = common::runtime();
     let p = Principal::local_agent();
     let session = common::open_session(&rt, &k, &p);
@@ -175,11 +185,15 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
         "# {name}: {} batches, {} of them on the caller's thread",
         stats.batches, stats.inline_batches
     );
+    let command_mean = mean_us(&samples);
     let (p50, p99) = percentiles(samples);
+    let commits = meters.meters().commit;
     RunFigures {
         p50,
         p99,
         flush_p50: percentiles(flushes).0,
+        command_mean,
+        commit_mean: commits.sum_us as f64 / commits.count.max(1) as f64,
     }
 }
 
@@ -207,6 +221,11 @@ fn kernel(store: Arc<SqliteStore>, physical: bool) -> Kernel {
     }
     let cell = tether_kernel::loader::load(&sources, None).expect("cell");
     Kernel::new(KernelConfig::standard("single"), cell, drivers, store).expect("kernel")
+}
+
+/// The mean of nanosecond samples, in µs.
+fn mean_us(samples: &[u128]) -> f64 {
+    samples.iter().sum::<u128>() as f64 / samples.len().max(1) as f64 / 1000.0
 }
 
 /// (p50, p99) of nanosecond samples, in µs.
