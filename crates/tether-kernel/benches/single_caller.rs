@@ -46,31 +46,24 @@ fn main() {
     // `SINGLE_CALLER_ONLY=setpoint` (or another run's name) runs that one
     // alone: for a profile of one path.
     let only = std::env::var("SINGLE_CALLER_ONLY").ok();
-    let names = ["setpoint-thread", "setpoint", "physical-thread", "physical"];
-    if let Some(o) = only.as_deref().filter(|o| !names.contains(o)) {
+    if let Some(o) = only
+        .as_deref()
+        .filter(|o| !RUNS.iter().any(|r| r.name == *o))
+    {
+        let names: Vec<&str> = RUNS.iter().map(|r| r.name).collect();
         panic!("SINGLE_CALLER_ONLY={o:?} names no run; one of {names:?}");
     }
     let flush_before = flush_p50_us(dir.path());
     let mut flush_sum = 0.0_f64;
     let mut runs = 0.0_f64;
-    for (name, figure, physical, inline, flushes) in [
-        (
-            "setpoint-thread",
-            "single_setpoint_thread_us",
-            false,
-            false,
-            1.0,
-        ),
-        ("setpoint", "single_setpoint_us", false, true, 1.0),
-        (
-            "physical-thread",
-            "single_physical_thread_us",
-            true,
-            false,
-            2.0,
-        ),
-        ("physical", "single_physical_us", true, true, 2.0),
-    ] {
+    for &Run {
+        name,
+        figure,
+        physical,
+        inline,
+        flushes,
+    } in &RUNS
+    {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
@@ -94,6 +87,51 @@ fn main() {
         flush_sum / runs.max(1.0)
     );
 }
+
+/// One path the bench times.
+struct Run {
+    /// What `SINGLE_CALLER_ONLY` names it by (and its state directory).
+    name: &'static str,
+    /// Its `FIGURE` line's name.
+    figure: &'static str,
+    /// The thermostat declared `hardware` (a durable start, then the receipt).
+    physical: bool,
+    /// A waiting commit applied on the caller's thread when the writer is idle.
+    inline: bool,
+    /// Flushes a command needs: its commits.
+    flushes: f64,
+}
+
+const RUNS: [Run; 4] = [
+    Run {
+        name: "setpoint-thread",
+        figure: "single_setpoint_thread_us",
+        physical: false,
+        inline: false,
+        flushes: 1.0,
+    },
+    Run {
+        name: "setpoint",
+        figure: "single_setpoint_us",
+        physical: false,
+        inline: true,
+        flushes: 1.0,
+    },
+    Run {
+        name: "physical-thread",
+        figure: "single_physical_thread_us",
+        physical: true,
+        inline: false,
+        flushes: 2.0,
+    },
+    Run {
+        name: "physical",
+        figure: "single_physical_us",
+        physical: true,
+        inline: true,
+        flushes: 2.0,
+    },
+];
 
 /// One run's figures, µs: the commands' p50 and p99, and the p50 of the
 /// flushes interleaved with them (the disk's flush swings from minute to
