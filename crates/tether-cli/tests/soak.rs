@@ -348,9 +348,9 @@ fn load_thread(
     }
     l.tally.connects = l.conn.connects;
     // The remembered commands go back to the caller, to be dropped once
-    // every load thread has ended: freed here, some 100,000 strings a thread,
-    // they took CPU from the endpoint in the run's last second, while the
-    // other threads' last requests were still being timed.
+    // every load thread has ended: freed here, some 100,000 strings a thread
+    // would take CPU from the endpoint in the run's last second, while the
+    // other threads' last requests are still being timed.
     (l.tally, l.done)
 }
 
