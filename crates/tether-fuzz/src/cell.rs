@@ -3,14 +3,16 @@
 //! observations the invariants are judged on (latches, revisions, stored
 //! receipts, running operations).
 //!
-//! Every input gets its own runtime, store, drivers and kernel (only the
-//! loaded cell's read-only specs are shared), so one input's latch
+//! Every input gets its own runtime, store, drivers and kernel (only what
+//! is compiled from the cell — specs, schemas, ControlPolicy — is shared),
+//! so one input's latch
 //! or motion can never explain another input's outcome, and a crash
 //! reproduces from its input alone.
 
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tether_kernel::{Kernel, KernelConfig, Principal};
+use tether_kernel::loader::Cell;
+use tether_kernel::{Compiled, Kernel, KernelConfig, Principal};
 
 /// Lines (requests) of one input looked at, at most.
 pub const LINES_MAX: usize = 8;
@@ -27,16 +29,21 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
 /// when the cell or the kernel cannot start, which the caller asserts never
 /// happens.
 pub fn kernel() -> Option<Kernel> {
-    // The cell's specs are read-only: loaded once, cloned for each input
-    // (drivers, store and kernel stay fresh).
-    static CELL: std::sync::OnceLock<Option<tether_kernel::loader::Cell>> =
-        std::sync::OnceLock::new();
-    let cell = CELL
-        .get_or_init(|| tether_kernel::loader::load(&fast_cell()?, None).ok())
-        .clone()?;
+    // The cell's specs, compiled schemas and ControlPolicy are read-only:
+    // compiled once (Cedar's parser alone took about half of an input's
+    // time), shared by every input's kernel; drivers, store and kernel state
+    // stay fresh.
+    static COMPILED: std::sync::OnceLock<Option<(Cell, Compiled)>> = std::sync::OnceLock::new();
+    let (cell, compiled) = COMPILED
+        .get_or_init(|| {
+            let cell = tether_kernel::loader::load(&fast_cell()?, None).ok()?;
+            let compiled = Kernel::compile(KernelConfig::standard("fuzz"), cell.clone()).ok()?;
+            Some((cell, compiled))
+        })
+        .as_ref()?;
     let drivers = tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).ok()?;
     let store = Arc::new(tether_store::MemoryStore::new());
-    Kernel::new(KernelConfig::standard("fuzz"), cell, drivers, store).ok()
+    Kernel::from_compiled(compiled, drivers, store).ok()
 }
 
 /// The built-in cell with the arm on a simulated clock 1,000 times faster

@@ -154,25 +154,46 @@ const BLOCK: usize = 100;
 /// p50 of 2,000 4 KiB writes, each made durable by `fdatasync`, µs.
 fn flush_p50_us(dir: &Path) -> f64 {
     let mut samples = Vec::with_capacity(2_000);
-    flush_samples(dir, 2_000, &mut samples);
+    Probe::open(dir).samples(2_000, &mut samples);
     percentiles(samples).0
 }
 
-/// `n` 4 KiB writes of one block of a probe file in `dir`, each made
-/// durable by `fdatasync` (what `dd bs=4k oflag=dsync` measures), ns each.
-fn flush_samples(dir: &Path, n: usize, samples: &mut Vec<u128>) {
-    let path = dir.join("flush-probe");
-    let mut f = std::fs::File::create(&path).expect("probe file");
-    let block = [0x5au8; 4096];
-    for _ in 0..n {
-        let t = Instant::now();
-        f.seek(SeekFrom::Start(0)).expect("seek");
-        f.write_all(&block).expect("write");
-        f.sync_data().expect("fdatasync");
-        samples.push(t.elapsed().as_nanos());
+/// A 4 KiB probe file in a run's directory, opened once per run and sized by
+/// a first, untimed, durable write: every timed write then rewrites the
+/// same block without growing the file (what `dd bs=4k oflag=dsync
+/// conv=notrunc` measures on an existing file).
+struct Probe {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+const PROBE_BLOCK: [u8; 4096] = [0x5a; 4096];
+
+impl Probe {
+    fn open(dir: &Path) -> Self {
+        let path = dir.join("flush-probe");
+        let mut file = std::fs::File::create(&path).expect("probe file");
+        file.write_all(&PROBE_BLOCK).expect("write");
+        file.sync_all().expect("fsync");
+        Self { file, path }
     }
-    drop(f);
-    let _ = std::fs::remove_file(path);
+
+    /// `n` rewrites of the block, each made durable by `fdatasync`, ns each.
+    fn samples(&mut self, n: usize, samples: &mut Vec<u128>) {
+        for _ in 0..n {
+            let t = Instant::now();
+            self.file.seek(SeekFrom::Start(0)).expect("seek");
+            self.file.write_all(&PROBE_BLOCK).expect("write");
+            self.file.sync_data().expect("fdatasync");
+            samples.push(t.elapsed().as_nanos());
+        }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// `commands` setpoints one at a time on a fresh SQLite store in `dir`; the
@@ -190,7 +211,7 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
     let p = Principal::local_agent();
     let session = common::open_session(&rt, &k, &p);
     let label = name.to_owned();
-    let probe_dir = state.clone();
+    let mut probe = Probe::open(&state);
     let (samples, flushes) = rt.block_on(async move {
         let caller = tokio::spawn(async move {
             let mut samples = Vec::with_capacity(commands);
@@ -200,7 +221,7 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
                 if n % BLOCK == 0 {
                     // The probe blocks this worker, as the bench means it to:
                     // nothing else runs meanwhile.
-                    flush_samples(&probe_dir, BLOCK, &mut flushes);
+                    probe.samples(BLOCK, &mut flushes);
                 }
                 let req = common::setpoint(&session, 20.0 + (n % 50) as f64);
                 let t = Instant::now();

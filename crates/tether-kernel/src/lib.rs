@@ -64,9 +64,9 @@ pub use dispatch::authorized::{Authorized, CallKind};
 pub use dispatch::rider::{Rider, RiderOutcome};
 pub use driver::{BoxFuture, CancelToken, Driver, InterlockState, Link, Signal};
 pub use kernel::{
-    holder_gone, this_host, DeferredStart, FleetLease, Kernel, KernelConfig, OpenStore, Principal,
-    PrincipalKind, StartError, StoreOpener, FLEET_LEASE_MS_DEFAULT, START_RESTORE_READ_MS,
-    START_RESTORE_WAIT_MS,
+    holder_gone, this_host, Compiled, DeferredStart, FleetLease, Kernel, KernelConfig, OpenStore,
+    Principal, PrincipalKind, StartError, StoreOpener, FLEET_LEASE_MS_DEFAULT,
+    START_RESTORE_READ_MS, START_RESTORE_WAIT_MS,
 };
 pub use request::{
     deadline_from_ms, ApiError, ArmRequest, CommandOptions, CommandRequest, EstopRequest,

@@ -134,7 +134,7 @@ pub fn short_name(capability_id: &str) -> String {
 pub fn catalogue(kernel: &Kernel) -> Vec<Tool> {
     let mut tools = vec![estop_tool()];
     for device_id in kernel.device_ids() {
-        let Ok(got) = kernel.device_get(&device_id) else {
+        let Ok(got) = kernel.device_reference(&device_id) else {
             continue;
         };
         tools.extend(device_tools(&device_id, &got));
@@ -214,11 +214,11 @@ fn estop_tool() -> Tool {
     }
 }
 
+/// The tools of one device, from what [`Kernel::device_reference`] answers.
 fn device_tools(device_id: &str, got: &Value) -> Vec<Tool> {
-    let device = &got["device"];
-    let mode = device["mode"].as_str().unwrap_or("unknown").to_owned();
+    let mode = got["mode"].as_str().unwrap_or("unknown").to_owned();
     // Unknown reads as the highest class: a description never understates.
-    let risk_class = device["risk_class"].as_str().unwrap_or("R3").to_owned();
+    let risk_class = got["risk_class"].as_str().unwrap_or("R3").to_owned();
     let bindings = got["reference"]["bindings"]
         .as_array()
         .cloned()

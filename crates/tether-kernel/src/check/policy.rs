@@ -6,7 +6,7 @@
 
 use crate::approvals::{Gate, Need};
 use crate::check::Effects;
-use crate::kernel::{DeviceRt, Kernel, KernelConfig, Principal, PrincipalKind};
+use crate::kernel::{Kernel, KernelConfig, Principal, PrincipalKind};
 use crate::loader::{BindingSpec, Cell, DeviceSpec};
 use crate::order::Ctx;
 use serde_json::{json, Value};
@@ -69,11 +69,8 @@ fn binding_shape(b: &BindingSpec) -> BindingShape {
 }
 
 /// Loads the configured policy, or the built-in default.
-pub(crate) fn load(
-    config: &KernelConfig,
-    devices: &[DeviceRt],
-) -> Result<ControlPolicy, PolicyError> {
-    let cell = shape(devices.iter().map(|d| &d.spec));
+pub(crate) fn load(config: &KernelConfig, cell: &Cell) -> Result<ControlPolicy, PolicyError> {
+    let cell = shape(cell.devices.iter());
     match &config.policy {
         Some((name, text)) => ControlPolicy::load(name, text, &cell),
         None => ControlPolicy::default_for(&cell),

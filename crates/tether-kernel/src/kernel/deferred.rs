@@ -199,7 +199,7 @@ impl Kernel {
         open: OpenStore,
     ) -> Result<DeferredStart, StartError> {
         let seat = Arc::new(DeferredStore::new("it is being opened", true));
-        let kernel = Kernel::assemble(config, cell, drivers, seat.clone())?;
+        let kernel = Kernel::assemble(&Kernel::compile(config, cell)?, drivers, seat.clone())?;
         kernel
             .inner
             .store_open

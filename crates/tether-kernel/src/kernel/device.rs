@@ -71,7 +71,8 @@ pub(crate) fn answer_margin(budget: Duration) -> Duration {
 pub(crate) struct DeviceRt {
     pub spec: DeviceSpec,
     pub driver: Arc<dyn Driver>,
-    pub bindings: Vec<BindingRt>,
+    /// Compiled once per cell, shared by kernels built from one [`Compiled`](crate::kernel::Compiled).
+    pub bindings: Arc<[BindingRt]>,
     pub latched: AtomicBool,
     pub latch: Mutex<LatchInfo>,
     /// Time of the newest latch or reset this process has applied (its own or

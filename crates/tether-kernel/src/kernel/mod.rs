@@ -29,7 +29,7 @@ pub(crate) use device::{
 };
 pub use fleet::{holder_gone, this_host, FleetLease, FLEET_LEASE_MS_DEFAULT};
 pub use principal::{Principal, PrincipalKind};
-pub use start::{KernelConfig, StartError};
+pub use start::{Compiled, KernelConfig, StartError};
 
 use crate::admit::idempotency::Index;
 use crate::admit::session::Sessions;
@@ -58,7 +58,8 @@ pub(crate) struct Inner {
     /// Outstanding permits.
     pub permits: Mutex<crate::check::permits::Permits>,
     /// The ControlPolicy (Cedar), validated for this cell.
-    pub policy: tether_policy::ControlPolicy,
+    /// Loaded once per [`Compiled`] cell, shared by the kernels built from it.
+    pub policy: Arc<tether_policy::ControlPolicy>,
     /// Approvals (restored from the store at start).
     pub approvals: Mutex<crate::approvals::Approvals>,
     /// Outstanding single-use safe-place grants.

@@ -1,5 +1,7 @@
 //! Start-up: [`KernelConfig`], [`StartError`] and [`Kernel::new`], which
-//! restores what a restart must not lose before the kernel answers anything.
+//! restores what a restart must not lose before the kernel answers anything;
+//! [`Compiled`], the read-only part of a kernel (schemas, ControlPolicy)
+//! built once and shared by the kernels [`Kernel::from_compiled`] builds.
 //!
 //! **Owns:** the restore order — orphaned commands reconciled first (their
 //! receipts must be in the idempotency index), then each device with its
@@ -18,7 +20,7 @@ use crate::admit::idempotency::Index;
 use crate::admit::session::Sessions;
 use crate::approvals::Approvals;
 use crate::driver::Driver;
-use crate::kernel::{binding_rt, DeviceRt, Inner, Kernel, LatchInfo};
+use crate::kernel::{binding_rt, BindingRt, DeviceRt, Inner, Kernel, LatchInfo};
 use crate::loader::{Cell, DeviceSpec};
 use crate::safety::governed;
 use serde_json::{json, Value};
@@ -28,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tether_core::receipt::now_ms;
 use tether_limits::budget::{Ledger, Window, RETENTION_MS};
+use tether_policy::ControlPolicy;
 use tether_store::{Commit, EventDraft, LatchRow, RevisionRow, Store, StoreError};
 
 /// How far back journalled budget draws are replayed at start, ms.
@@ -176,6 +179,27 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
+/// A cell compiled for a kernel under one configuration (see
+/// [`Kernel::compile`]): the configuration, the cell's specs, each device's
+/// compiled binding schemas (in cell order) and the loaded ControlPolicy.
+/// Nothing in it changes after it is built.
+pub struct Compiled {
+    config: KernelConfig,
+    cell: Cell,
+    /// Per device, in the order of `cell.devices`.
+    bindings: Vec<Arc<[BindingRt]>>,
+    policy: Arc<ControlPolicy>,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiled")
+            .field("endpoint_id", &self.config.endpoint_id)
+            .field("devices", &self.cell.devices.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Kernel {
     /// Builds a kernel over a loaded cell, its drivers (by device id) and a
     /// store, restoring latches, arming, revisions, budgets, the idempotency
@@ -190,29 +214,70 @@ impl Kernel {
         drivers: HashMap<String, Arc<dyn Driver>>,
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
-        let kernel = Self::assemble(config, cell, drivers, Arc::clone(&store))?;
+        Self::from_compiled(&Self::compile(config, cell)?, drivers, store)
+    }
+
+    /// What [`Kernel::new`] compiles before it builds anything: the bounds
+    /// checked, every binding's schemas and the ControlPolicy. Read-only once
+    /// built, so one [`Compiled`] serves any number of kernels over the same
+    /// cell ([`Kernel::from_compiled`]) — a fuzz target's fresh kernel for
+    /// every input pays for a kernel, not for Cedar's parser.
+    ///
+    /// # Errors
+    /// Bounds out of range, a schema that does not compile, a ControlPolicy
+    /// that does not load or validate.
+    pub fn compile(config: KernelConfig, cell: Cell) -> Result<Compiled, StartError> {
+        let defects = crate::bounds::check(&config);
+        if !defects.is_empty() {
+            return Err(StartError::Bounds(defects));
+        }
+        let bindings = cell
+            .devices
+            .iter()
+            .map(|spec| {
+                let id = spec.manifest.device_id.as_str();
+                let compiled = spec.bindings.iter().map(|b| binding_rt(id, b));
+                compiled.collect::<Result<Vec<_>, _>>().map(Arc::from)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let policy = crate::check::policy::load(&config, &cell).map_err(StartError::Policy)?;
+        Ok(Compiled {
+            config,
+            cell,
+            bindings,
+            policy: Arc::new(policy),
+        })
+    }
+
+    /// A kernel over what `compiled` holds, its drivers and a store,
+    /// restored and started as [`Kernel::new`] does; `compiled` stays as it
+    /// was (the kernel shares its schemas and policy, and copies its specs).
+    ///
+    /// # Errors
+    /// A device without a driver, a store failure.
+    pub fn from_compiled(
+        compiled: &Compiled,
+        drivers: HashMap<String, Arc<dyn Driver>>,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, StartError> {
+        let kernel = Self::assemble(compiled, drivers, Arc::clone(&store))?;
         kernel
             .restore_from(store.as_ref(), None, &|| {})
             .map_err(crate::kernel::fleet::owned_error)?;
         Ok(kernel)
     }
 
-    /// The kernel over a cell with nothing restored yet: every device
-    /// unlatched at revision 0, an empty index that asks the store about
-    /// every id, no budget draws, no approvals. [`Kernel::restore_from`]
+    /// The kernel over a compiled cell with nothing restored yet: every
+    /// device unlatched at revision 0, an empty index that asks the store
+    /// about every id, no budget draws, no approvals. [`Kernel::restore_from`]
     /// brings the store's state in before anything may act.
     pub(crate) fn assemble(
-        config: KernelConfig,
-        cell: Cell,
+        compiled: &Compiled,
         drivers: HashMap<String, Arc<dyn Driver>>,
         store: Arc<dyn Store>,
     ) -> Result<Self, StartError> {
-        let defects = crate::bounds::check(&config);
-        if !defects.is_empty() {
-            return Err(StartError::Bounds(defects));
-        }
-        let (devices, index) = build_devices(&config, cell, drivers)?;
-        let policy = crate::check::policy::load(&config, &devices).map_err(StartError::Policy)?;
+        let config = compiled.config.clone();
+        let (devices, index) = build_devices(compiled, drivers)?;
         // Incomplete: until the store's receipts are in, a miss asks the store.
         let idem = Index::new(config.idempotency_cache_max.max(1), false);
         let sessions = Sessions::new(config.sessions_max);
@@ -233,7 +298,7 @@ impl Kernel {
                 finished_ops: Mutex::new(crate::dispatch::operations::Finished::default()),
                 grants: Mutex::new(crate::safety::grants::Grants::default()),
                 permits: Mutex::new(crate::check::permits::Permits::default()),
-                policy,
+                policy: Arc::clone(&compiled.policy),
                 approvals: Mutex::new(Approvals::default()),
                 started: Instant::now(),
                 started_ms: now_ms(),
@@ -358,39 +423,41 @@ impl Kernel {
     }
 }
 
-/// Every device of the cell with its driver and compiled schemas, nothing
-/// restored yet, in load order, and the index of each by id.
+/// Every device of the compiled cell with its driver and compiled schemas,
+/// nothing restored yet, in load order, and the index of each by id.
 fn build_devices(
-    config: &KernelConfig,
-    cell: Cell,
+    compiled: &Compiled,
     mut drivers: HashMap<String, Arc<dyn Driver>>,
 ) -> Result<(Vec<DeviceRt>, HashMap<String, usize>), StartError> {
+    // One entry of compiled schemas per device, by construction (`compile`).
+    debug_assert_eq!(compiled.cell.devices.len(), compiled.bindings.len());
     let mut devices = Vec::new();
     let mut index = HashMap::new();
-    for spec in cell.devices {
+    for (spec, bindings) in compiled.cell.devices.iter().zip(&compiled.bindings) {
         let id = spec.manifest.device_id.clone();
         let driver = drivers
             .remove(&id)
             .ok_or_else(|| StartError::MissingDriver(id.clone()))?;
         index.insert(id, devices.len());
-        devices.push(build_device(config, spec, driver)?);
+        let bindings = Arc::clone(bindings);
+        devices.push(build_device(
+            &compiled.config,
+            spec.clone(),
+            driver,
+            bindings,
+        ));
     }
     Ok((devices, index))
 }
 
-/// One device: its schemas compiled; unlatched, at revision 0, armed as a
-/// start with nothing stored has it.
+/// One device with its compiled schemas; unlatched, at revision 0, armed as
+/// a start with nothing stored has it.
 fn build_device(
     config: &KernelConfig,
     spec: DeviceSpec,
     driver: Arc<dyn Driver>,
-) -> Result<DeviceRt, StartError> {
-    let id = spec.manifest.device_id.as_str();
-    let bindings = spec
-        .bindings
-        .iter()
-        .map(|b| binding_rt(id, b))
-        .collect::<Result<Vec<_>, _>>()?;
+    bindings: Arc<[BindingRt]>,
+) -> DeviceRt {
     let revisions = spec
         .manifest
         .resources
@@ -398,7 +465,7 @@ fn build_device(
         .map(|r| (r.id.clone(), AtomicU64::new(0)))
         .collect();
     let (armed, arming_ms) = restored_arming(config, &spec, &[]);
-    Ok(DeviceRt {
+    DeviceRt {
         spec,
         driver,
         bindings,
@@ -414,7 +481,7 @@ fn build_device(
         unreconciled: Mutex::new(BTreeMap::new()),
         revisions,
         lock: tokio::sync::Mutex::new(()),
-    })
+    }
 }
 
 /// A device's revisions, latch and arming as the store last recorded them.

@@ -69,6 +69,24 @@ impl Kernel {
         json!({"devices": self.inner.devices.iter().map(|d| self.summary(d)).collect::<Vec<_>>()})
     }
 
+    /// What a tool catalogue reads of a device: its `mode`, `risk_class`
+    /// and generated `reference` (bindings with their effective limits),
+    /// without the live summary and the markdown `mhs.devices.get` adds
+    /// (the catalogue is built once per router, for every device).
+    ///
+    /// # Errors
+    /// Unknown device.
+    pub fn device_reference(&self, device_id: &str) -> Result<Value, ApiError> {
+        let dev = self.device(device_id)?;
+        let m = &dev.spec.manifest;
+        Ok(json!({
+            "device_id": m.device_id,
+            "mode": m.mode.as_str(),
+            "risk_class": m.risk_class.as_str(),
+            "reference": reference::reference_json(&dev.spec),
+        }))
+    }
+
     /// `mhs.devices.get`: the summary, the full manifest view with each
     /// binding's effective limits, and the generated reference file.
     ///
