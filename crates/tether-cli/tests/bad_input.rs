@@ -418,6 +418,22 @@ fn nan_and_infinities_in_an_estop_read_as_null_and_the_stop_is_served() {
 }
 
 #[test]
+fn an_estop_only_a_parser_can_name_beside_a_duplicate_key_and_a_nan_still_stops() {
+    let s = Server::http();
+    // Neither strict (a duplicate `id`) nor JSON (`NaN`), and its method
+    // written with an escape no textual look sees: read with `NaN` as null,
+    // it asks for an e-stop, and the stop covers every device (which one it
+    // meant cannot be trusted).
+    let body = br#"{"jsonrpc":"2.0","id":3,"id":4,"method":"mhs.safety.\u0065stop","params":{"device_id":"relay-1","deadline_ms":NaN}}"#;
+    let answer = common::http_post(s.addr(), body, common::TIMEOUT).json();
+    let details = assert_rpc_error(&answer["error"], "MHS.PROTOCOL.PARSE_ERROR");
+    assert_eq!(details["estop_served"], true, "{answer}");
+    for d in ["relay-1", "arm-1", "thermostat-1"] {
+        assert_eq!(s.status_of(d)["latched"], true, "{d}: {answer}");
+    }
+}
+
+#[test]
 fn a_duplicate_key_can_neither_narrow_nor_cancel_an_estop() {
     for body in [
         &br#"{"jsonrpc":"2.0","id":11,"method":"mhs.safety.estop","params":{"device_id":"arm-1","device_id":"relay-1"}}"#[..],

@@ -11,8 +11,8 @@
 //! - the server ends once its input ends (bounded: no hang), and every line
 //!   it wrote is JSON;
 //! - a `tools/call` of the `estop` tool — by what it asks (the permissive
-//!   parse: `method` `tools/call`, `params.name` `estop`, alone or in a
-//!   batch) — latched the device `arguments.device_id` names when served
+//!   parse, a non-finite number read as null: `method` `tools/call`,
+//!   `params.name` `estop`, alone or in a batch) — latched the device `arguments.device_id` names when served
 //!   here, every device otherwise, however malformed the rest.
 
 use crate::cell::{self, LINES_MAX};
@@ -100,7 +100,12 @@ async fn serve(kernel: &Kernel, input: Vec<u8>) -> Vec<u8> {
 
 /// The e-stop calls in one line (alone or in a batch) latched their devices.
 fn judge_estop(kernel: &Kernel, line: &[u8]) {
-    let Ok(v) = serde_json::from_slice::<Value>(line) else {
+    // A non-finite number reads as null, as in any e-stop (CORE-076).
+    let parsed = serde_json::from_slice::<Value>(line).ok().or_else(|| {
+        let repaired = tether_core::json::nonfinite_as_null(std::str::from_utf8(line).ok()?)?;
+        serde_json::from_str(&repaired).ok()
+    });
+    let Some(v) = parsed else {
         return;
     };
     let calls: Vec<&Value> = match &v {

@@ -77,7 +77,8 @@ async fn one(kernel: &Kernel, text: &[u8]) {
 }
 
 /// What a request asks, by the permissive reading (the last duplicate key
-/// wins), independent of how well it is written.
+/// wins; a non-finite number read as null), independent of how well it is
+/// written.
 pub(crate) struct Asked {
     pub estop: bool,
     pub effectful: bool,
@@ -87,7 +88,13 @@ pub(crate) struct Asked {
 
 impl Asked {
     pub(crate) fn of(text: &[u8]) -> Self {
-        let v: Option<Value> = serde_json::from_slice(text).ok();
+        // NaN, an infinity or a numeral beyond f64 reads as null in an
+        // e-stop, which is served as if written so (OpenMHS CORE-076,
+        // WIRE.md): such text asks what it asks with `null` in their place.
+        let v: Option<Value> = serde_json::from_slice(text).ok().or_else(|| {
+            let repaired = tether_core::json::nonfinite_as_null(std::str::from_utf8(text).ok()?)?;
+            serde_json::from_str(&repaired).ok()
+        });
         // In a batch (refused), the first e-stop is still served.
         let obj = match &v {
             Some(Value::Array(items)) => items

@@ -91,10 +91,17 @@ pub(crate) fn text_member_is(text: &str, key: &str, value: &str) -> bool {
 }
 
 /// The text read the permissive way (`serde_json`'s: the last duplicate key
-/// wins, escapes decoded, depth bounded by its recursion limit), only to
-/// recognise an e-stop in text the strict parser refused.
+/// wins, escapes decoded, depth bounded by its recursion limit; a non-finite
+/// number — `NaN`, an infinity, a numeral beyond f64 — read as null, as an
+/// e-stop reads it), only to recognise an e-stop in text the strict parser
+/// refused. Without the last, an e-stop whose name only a parser can see
+/// (`"mhs.safety.\u0065stop"`) beside a duplicate key and a `NaN` read as
+/// no e-stop at all.
 pub(crate) fn permissive_parse(text: &str) -> Option<serde_json::Value> {
-    serde_json::from_str(text).ok()
+    serde_json::from_str(text).ok().or_else(|| {
+        let repaired = tether_core::json::nonfinite_as_null(text)?;
+        serde_json::from_str(&repaired).ok()
+    })
 }
 
 /// Largest request accepted by any surface, bytes.

@@ -394,4 +394,18 @@ mod tests {
         let hello = r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list","params":{"name":"\u0065stop"}}"#;
         assert!(unparsable(hello, "dup").is_none());
     }
+
+    #[test]
+    fn unparsable_text_with_an_escaped_estop_name_beside_a_non_finite_number_is_an_estop() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\u0065stop","arguments":{"reason":NaN}}}"#,
+            r#"{"jsonrpc":"2.0","id":1e999,"method":"tools\/call","params":{"name":"estop"}}"#,
+        ] {
+            let why = parse_strict(text).expect_err("not strict JSON");
+            assert!(unparsable(text, &why).is_some(), "{text}");
+        }
+        let list =
+            r#"{"jsonrpc":"2.0","id":NaN,"method":"tools/list","params":{"name":"\u0065stop"}}"#;
+        assert!(unparsable(list, "nan").is_none());
+    }
 }

@@ -268,4 +268,18 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"mhs.hello","params":{"reason":"mhs.safety.\u0065stop"}}"#
         ));
     }
+
+    #[test]
+    fn an_escaped_estop_method_beside_a_non_finite_number_is_an_estop() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"mhs.safety.\u0065stop","params":{"deadline_ms":NaN}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"mhs.safety.\u0065stop","params":{"deadline_ms":1e999}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"mhs.command","params":{"capability_id":"cap.motion.\u0065stop.v1","x":-Infinity}}]"#,
+        ] {
+            assert!(names_estop_loosely(text), "{text}");
+        }
+        assert!(!names_estop_loosely(
+            r#"{"jsonrpc":"2.0","id":1,"method":"mhs.hello","params":{"reason":"mhs.safety.\u0065stop","x":NaN}}"#
+        ));
+    }
 }
