@@ -5,9 +5,8 @@
 //!
 //! Every input gets its own runtime, store, drivers and kernel (only what
 //! is compiled from the cell — specs, schemas, ControlPolicy — is shared),
-//! so one input's latch
-//! or motion can never explain another input's outcome, and a crash
-//! reproduces from its input alone.
+//! so one input's latch or motion can never explain another input's
+//! outcome, and a crash reproduces from its input alone.
 
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -207,4 +206,15 @@ pub async fn open_session(kernel: &Kernel) -> Option<String> {
     v.pointer("/result/session_id")
         .and_then(Value::as_str)
         .map(str::to_owned)
+}
+
+/// What a request asks, read as an e-stop is read whatever its defects: the
+/// permissive parse (the last duplicate key wins, escapes decoded), and, when
+/// the text holds a non-finite number (`NaN`, an infinity, a numeral beyond
+/// f64), that parse with `null` in its place (OpenMHS CORE-076, WIRE.md).
+pub fn read_permissively(text: &[u8]) -> Option<Value> {
+    serde_json::from_slice(text).ok().or_else(|| {
+        let repaired = tether_core::json::nonfinite_as_null(std::str::from_utf8(text).ok()?)?;
+        serde_json::from_str(&repaired).ok()
+    })
 }

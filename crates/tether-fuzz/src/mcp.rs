@@ -12,8 +12,9 @@
 //!   it wrote is JSON;
 //! - a `tools/call` of the `estop` tool — by what it asks (the permissive
 //!   parse, a non-finite number read as null: `method` `tools/call`,
-//!   `params.name` `estop`, alone or in a batch) — latched the device `arguments.device_id` names when served
-//!   here, every device otherwise, however malformed the rest.
+//!   `params.name` `estop`, alone or in a batch) — latched the device
+//!   `arguments.device_id` names when served here, every device otherwise,
+//!   however malformed the rest.
 
 use crate::cell::{self, LINES_MAX};
 use serde_json::Value;
@@ -100,12 +101,7 @@ async fn serve(kernel: &Kernel, input: Vec<u8>) -> Vec<u8> {
 
 /// The e-stop calls in one line (alone or in a batch) latched their devices.
 fn judge_estop(kernel: &Kernel, line: &[u8]) {
-    // A non-finite number reads as null, as in any e-stop (CORE-076).
-    let parsed = serde_json::from_slice::<Value>(line).ok().or_else(|| {
-        let repaired = tether_core::json::nonfinite_as_null(std::str::from_utf8(line).ok()?)?;
-        serde_json::from_str(&repaired).ok()
-    });
-    let Some(v) = parsed else {
+    let Some(v) = cell::read_permissively(line) else {
         return;
     };
     let calls: Vec<&Value> = match &v {

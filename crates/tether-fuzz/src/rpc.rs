@@ -88,13 +88,7 @@ pub(crate) struct Asked {
 
 impl Asked {
     pub(crate) fn of(text: &[u8]) -> Self {
-        // NaN, an infinity or a numeral beyond f64 reads as null in an
-        // e-stop, which is served as if written so (OpenMHS CORE-076,
-        // WIRE.md): such text asks what it asks with `null` in their place.
-        let v: Option<Value> = serde_json::from_slice(text).ok().or_else(|| {
-            let repaired = tether_core::json::nonfinite_as_null(std::str::from_utf8(text).ok()?)?;
-            serde_json::from_str(&repaired).ok()
-        });
+        let v = cell::read_permissively(text);
         // In a batch (refused), the first e-stop is still served.
         let obj = match &v {
             Some(Value::Array(items)) => items
