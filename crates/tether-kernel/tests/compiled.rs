@@ -4,12 +4,13 @@
 //! sessions, evidence — stays its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tether_kernel::loader::load;
 use tether_kernel::{
-    CommandOptions, CommandRequest, EstopRequest, Kernel, KernelConfig, Principal, SessionOpen,
-    StartError,
+    CommandOptions, CommandRequest, EstopRequest, Kernel, KernelConfig, Principal, StartError,
 };
 use tether_store::{MemoryStore, Store};
 
@@ -41,15 +42,6 @@ fn setpoint(sid: &str, command_id: &str, target: f64) -> CommandRequest {
     }
 }
 
-async fn session(k: &Kernel) -> String {
-    k.session_open(&Principal::local_agent(), SessionOpen::default())
-        .await
-        .expect("session")["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned()
-}
-
 fn latched(k: &Kernel, device: &str) -> bool {
     k.safety_status(Some(device)).expect("status")["devices"][0]["latched"] == json!(true)
 }
@@ -73,8 +65,8 @@ async fn kernels_of_one_compiled_cell_keep_their_state_apart() {
     let before_b = revisions(&b);
 
     // A setpoint on `a` completes there and moves only `a`'s revision.
-    let sid_a = session(&a).await;
     let p = Principal::local_agent();
+    let sid_a = common::open_session(&a, &p).await;
     let done = a
         .command(
             &p,
@@ -93,7 +85,7 @@ async fn kernels_of_one_compiled_cell_keep_their_state_apart() {
     assert_eq!(revisions(&b), before_b, "`b` saw `a`'s setpoint");
 
     // The same command id on `b` is a new command there (its own index).
-    let sid_b = session(&b).await;
+    let sid_b = common::open_session(&b, &p).await;
     let again = b
         .command(
             &p,
