@@ -1,5 +1,5 @@
-//! Load benchmark: governed commands with durable evidence (SQLite, WAL,
-//! synchronous=FULL, group commit) from 64 concurrent callers in process, and
+//! Load benchmark: governed commands with durable evidence (SQLite, WAL, the
+//! store's journal, group commit) from 64 concurrent callers in process, and
 //! the e-stop latency measured while that load runs.
 //!
 //! Run: `cargo bench -p tether-kernel --bench durable_load` (optionally
@@ -51,17 +51,23 @@ fn main() {
     }
     let sqlite = Arc::new(SqliteStore::open(dir.path()).expect("store"));
     sqlite.set_inline_commits(std::env::var("DURABLE_LOAD_INLINE").as_deref() != Ok("0"));
+    // DURABLE_LOAD_JOURNAL=0: every batch committed with SQLite's own flush
+    // (the store's journal off), to compare the two.
+    sqlite.set_journal(std::env::var("DURABLE_LOAD_JOURNAL").as_deref() != Ok("0"));
     let durable = run_load(sqlite.clone(), callers, per_caller);
     let stats = sqlite.stats();
+    let journal = sqlite.journal_stats();
     durable.print("durable_load", callers);
     println!(
-        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={} inline_batches={}",
+        "FIGURE durable_load_batches batches={} commits={} commits_per_batch={:.1} largest_batch={} writer_idle_waits={} inline_batches={} journal_records={} journal_restarts={}",
         stats.batches,
         stats.commits,
         stats.commits as f64 / stats.batches.max(1) as f64,
         stats.largest_batch,
         stats.idle_waits,
-        stats.inline_batches
+        stats.inline_batches,
+        journal.records,
+        journal.restarts
     );
     drop(sqlite);
     if std::env::var_os("DURABLE_LOAD_PG").is_some() {

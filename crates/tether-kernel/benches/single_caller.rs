@@ -8,8 +8,12 @@
 //!   interleaved with each run's commands in blocks of 100 (`flush_p50`):
 //!   each run's figure over a flush is taken against the flushes of its own
 //!   minutes, since this disk's flush swings from minute to minute.
-//! - `single_setpoint_us`: a simulated setpoint on the SQLite store (WAL,
-//!   `synchronous=FULL`): one commit, its admission in its receipt.
+//! - `single_setpoint_us`: a simulated setpoint on the SQLite store: one
+//!   commit, its admission in its receipt, flushed in the store's journal
+//!   and committed to SQLite's WAL without SQLite's own flush (the shipped
+//!   default). `*_journal_ab`: the same run's blocks with the journal off
+//!   (SQLite's `COMMIT` flushing the WAL itself, `synchronous=FULL`, as the
+//!   store did before it) against those with it on, blocks alternating.
 //! - `single_physical_us`: the same thermostat declared `hardware` (the
 //!   simulated driver behind it): the durable start, then the receipt.
 //!
@@ -61,13 +65,14 @@ fn main() {
         figure,
         physical,
         inline,
+        ab,
         flushes,
     } in &RUNS
     {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
-        let r = run(dir.path(), name, physical, inline, commands);
+        let r = run(dir.path(), name, physical, inline, ab, commands);
         flush_sum += r.flush_p50;
         runs += 1.0;
         println!(
@@ -98,6 +103,9 @@ struct Run {
     physical: bool,
     /// A waiting commit applied on the caller's thread when the writer is idle.
     inline: bool,
+    /// The store's journal on and off in turn, a block of commands each
+    /// (an A/B in one run; the run's figure is the journal-on half).
+    ab: bool,
     /// Flushes a command needs: its commits.
     flushes: f64,
 }
@@ -108,6 +116,7 @@ const RUNS: [Run; 4] = [
         figure: "single_setpoint_thread_us",
         physical: false,
         inline: false,
+        ab: false,
         flushes: 1.0,
     },
     Run {
@@ -115,6 +124,7 @@ const RUNS: [Run; 4] = [
         figure: "single_setpoint_us",
         physical: false,
         inline: true,
+        ab: true,
         flushes: 1.0,
     },
     Run {
@@ -122,6 +132,7 @@ const RUNS: [Run; 4] = [
         figure: "single_physical_thread_us",
         physical: true,
         inline: false,
+        ab: false,
         flushes: 2.0,
     },
     Run {
@@ -129,6 +140,7 @@ const RUNS: [Run; 4] = [
         figure: "single_physical_us",
         physical: true,
         inline: true,
+        ab: true,
         flushes: 2.0,
     },
 ];
@@ -199,12 +211,20 @@ impl Drop for Probe {
 /// `commands` setpoints one at a time on a fresh SQLite store in `dir`; the
 /// thermostat declared `hardware` when `physical`; commits applied on the
 /// caller's thread when `inline`; every [`BLOCK`] commands, as many probe
-/// flushes.
-fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) -> RunFigures {
+/// flushes, and (when `ab`) the store's journal turned on or off in turn.
+fn run(
+    dir: &Path,
+    name: &str,
+    physical: bool,
+    inline: bool,
+    ab: bool,
+    commands: usize,
+) -> RunFigures {
     let state = dir.join(name);
     std::fs::create_dir_all(&state).expect("state dir");
     let store = Arc::new(SqliteStore::open(&state).expect("store"));
     store.set_inline_commits(inline);
+    let switch = Arc::clone(&store);
     let k = kernel(Arc::clone(&store), physical);
     let meters = k.clone();
     let rt = common::runtime();
@@ -212,16 +232,20 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
     let session = common::open_session(&rt, &k, &p);
     let label = name.to_owned();
     let mut probe = Probe::open(&state);
-    let (samples, flushes) = rt.block_on(async move {
+    let (samples, samples_off, flushes) = rt.block_on(async move {
         let caller = tokio::spawn(async move {
             let mut samples = Vec::with_capacity(commands);
+            let mut samples_off = Vec::with_capacity(commands);
             let mut flushes = Vec::with_capacity(commands);
+            let mut journal = true;
             let mut out = Vec::with_capacity(4096);
             for n in 0..commands {
                 if n % BLOCK == 0 {
                     // The probe blocks this worker, as the bench means it to:
                     // nothing else runs meanwhile.
                     probe.samples(BLOCK, &mut flushes);
+                    journal = !ab || (n / BLOCK).is_multiple_of(2);
+                    switch.set_journal(journal);
                 }
                 let req = common::setpoint(&session, 20.0 + (n % 50) as f64);
                 let t = Instant::now();
@@ -231,19 +255,35 @@ fn run(dir: &Path, name: &str, physical: bool, inline: bool, commands: usize) ->
                     .expect("command");
                 out.clear();
                 answer.write_json(&mut out);
-                samples.push(t.elapsed().as_nanos());
+                let took = t.elapsed().as_nanos();
+                if journal {
+                    samples.push(took);
+                } else {
+                    samples_off.push(took);
+                }
                 assert_eq!(answer.status(), Some("completed"), "{label}");
                 assert!(!answer.not_durable(), "{label}");
             }
-            (samples, flushes)
+            (samples, samples_off, flushes)
         });
         caller.await.expect("caller")
     });
     let stats = store.stats();
+    let journal = store.journal_stats();
     println!(
-        "# {name}: {} batches, {} of them on the caller's thread",
-        stats.batches, stats.inline_batches
+        "# {name}: {} batches, {} of them on the caller's thread; journal: {} records, {} restarts, {} batches with SQLite's flush",
+        stats.batches, stats.inline_batches, journal.records, journal.restarts, journal.flushed_batches
     );
+    if ab {
+        let (on50, on99) = percentiles(samples.clone());
+        let (off50, off99) = percentiles(samples_off.clone());
+        println!(
+            "FIGURE {name}_journal_ab on_p50={on50:.1} off_p50={off50:.1} on_p99={on99:.1} off_p99={off99:.1} on_mean={:.1} off_mean={:.1} commands_each={}",
+            mean_us(&samples),
+            mean_us(&samples_off),
+            samples_off.len()
+        );
+    }
     let command_mean = mean_us(&samples);
     let (p50, p99) = percentiles(samples);
     let commits = meters.meters().commit;

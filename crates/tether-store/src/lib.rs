@@ -66,7 +66,7 @@ pub use lease::{LeaseDraft, LeaseHeld, LeaseOp, LeaseRow, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgStore, PG_SCHEMA_VERSION};
 pub use prepare::MAX_ITEMS_PER_COMMIT;
-pub use sqlite::{SqliteStore, DB_FILE_NAME, SCHEMA_VERSION};
+pub use sqlite::{JournalStats, SqliteStore, DB_FILE_NAME, JOURNAL_FILE_NAME, SCHEMA_VERSION};
 pub use writer::{WriterStats, MAX_BATCH_COMMITS, QUEUE_CAPACITY};
 
 use serde_json::Value;

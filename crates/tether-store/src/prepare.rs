@@ -55,6 +55,26 @@ pub(crate) struct Prepared {
     pub leases: Vec<(crate::LeaseDraft, String)>,
 }
 
+impl Prepared {
+    /// A commit with nothing in it (filled by the journal's reader).
+    pub(crate) fn empty() -> Self {
+        Self {
+            events: Vec::new(),
+            receipts: Vec::new(),
+            revisions: Vec::new(),
+            latches: Vec::new(),
+            budget_draws: Vec::new(),
+            budget_releases: Vec::new(),
+            open_ops: Vec::new(),
+            closed_ops: Vec::new(),
+            approvals: Vec::new(),
+            invocations: Vec::new(),
+            invocation_refs: Vec::new(),
+            leases: Vec::new(),
+        }
+    }
+}
+
 fn invalid(msg: impl Into<String>) -> StoreError {
     StoreError::Invalid(msg.into())
 }

@@ -1,7 +1,10 @@
 //! The SQLite store: one `tether.db` per state directory.
 //!
-//! Durability: WAL journal with `synchronous=FULL`, so a `COMMIT` returns only
-//! after the WAL is fsynced. The writer thread owns the only write connection
+//! Durability: WAL journal. A batch of the shapes a command commits is first
+//! written to Tether's own journal file and flushed there, then committed
+//! with `synchronous=NORMAL`; every other batch commits with
+//! `synchronous=FULL`, so its `COMMIT` returns only after the WAL is flushed
+//! (`journal` says why and how the two fit together). The writer thread owns the only write connection
 //! and the chain head; reads go through a second connection (WAL lets it read
 //! the last committed state while the writer works).
 //!
@@ -10,6 +13,7 @@
 //! | `schema` | the numbered migrations and `schema_version` |
 //! | `head` | the chain head: checked at open, recorded in `meta` |
 //! | `apply` | the writer's backend: one transaction per batch |
+//! | `journal` | the record flushed before a batch's unflushed commit, and its replay |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
 //! | `archive` | the archive anchor and `audit archive`'s transaction |
@@ -18,20 +22,23 @@ mod apply;
 mod archive;
 mod checkpoint;
 mod head;
+mod journal;
 mod read;
 mod schema;
 
 pub(crate) use archive::read_anchor;
 pub(crate) use head::recorded_head;
+pub use journal::JOURNAL_FILE_NAME;
 pub use schema::SCHEMA_VERSION;
 
 use crate::writer::{Writer, WriterStats};
 use crate::StoreError;
-use apply::SqliteBackend;
+use apply::{JournalCounters, SqliteBackend};
 use checkpoint::Checkpointer;
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The one database file in a state directory.
@@ -53,6 +60,9 @@ pub struct SqliteStore {
     writer: Writer,
     reader: Mutex<Connection>,
     path: PathBuf,
+    journal: Arc<JournalCounters>,
+    /// Why this store commits without the journal, if it does.
+    journal_off: Option<String>,
     // Declared last: dropped after the writer has drained.
     _checkpointer: Checkpointer,
 }
@@ -66,6 +76,23 @@ impl std::fmt::Debug for SqliteStore {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
+}
+
+/// What a store's journal did since it opened ([`SqliteStore::journal_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Whether this store writes the journal.
+    pub active: bool,
+    /// Why it does not, when it does not.
+    pub why_off: Option<String>,
+    /// Records written (batches committed without SQLite's own flush).
+    pub records: u64,
+    /// Times the journal started again from its beginning.
+    pub restarts: u64,
+    /// Records applied again when the store opened.
+    pub replayed: u64,
+    /// Batches committed with SQLite's flush while the journal was active.
+    pub flushed_batches: u64,
 }
 
 impl SqliteStore {
@@ -119,12 +146,20 @@ impl SqliteStore {
         reader.pragma_update(None, "query_only", true)?;
         reader.set_prepared_statement_cache_capacity(32);
 
-        let writer = Writer::spawn_inline(SqliteBackend::new(conn, head), "tether-store-writer")?;
+        // The journal's records past the head are answered commits whose
+        // WAL frames the disk lost: applied before anything else is.
+        let opened = journal::Journal::open(state_dir)?;
+        let counters = Arc::new(JournalCounters::default());
+        let mut backend = SqliteBackend::new(conn, head, opened.journal, counters.clone());
+        backend.replay(opened.records, opened.generation)?;
+        let writer = Writer::spawn_inline(backend, "tether-store-writer")?;
         let checkpointer = Checkpointer::spawn(&path, writer.idle_gate())?;
         Ok(SqliteStore {
             writer,
             reader: Mutex::new(reader),
             path,
+            journal: counters,
+            journal_off: opened.why_not,
             _checkpointer: checkpointer,
         })
     }
@@ -145,6 +180,26 @@ impl SqliteStore {
     /// Writer counters (batches = transactions = fsyncs).
     pub fn stats(&self) -> WriterStats {
         self.writer.stats()
+    }
+
+    /// Whether batches the journal holds go through it (on by default). Off,
+    /// every batch commits with SQLite's flush: for benchmarks that compare
+    /// the two in one run.
+    pub fn set_journal(&self, on: bool) {
+        self.journal.off.store(!on, Ordering::Relaxed);
+    }
+
+    /// What the journal did since the store opened.
+    pub fn journal_stats(&self) -> JournalStats {
+        let c = &self.journal;
+        JournalStats {
+            active: self.journal_off.is_none(),
+            why_off: self.journal_off.clone(),
+            records: c.records.load(Ordering::Relaxed),
+            restarts: c.restarts.load(Ordering::Relaxed),
+            replayed: c.replayed.load(Ordering::Relaxed),
+            flushed_batches: c.flushed_batches.load(Ordering::Relaxed),
+        }
     }
 
     fn read(&self) -> MutexGuard<'_, Connection> {

@@ -75,6 +75,11 @@ pub(crate) struct Job {
 }
 
 impl Job {
+    /// A commit applied again from the store's journal: nobody waits for it.
+    pub(crate) fn replayed(commit: Prepared) -> Self {
+        Self { commit, done: None }
+    }
+
     fn finish(&mut self, r: Result<CommitAck, StoreError>) {
         if let Some(done) = self.done.take() {
             call_done(done, r);

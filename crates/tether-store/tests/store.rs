@@ -915,8 +915,18 @@ fn version_5_approvals_are_found_by_position_after_the_migration() {
     assert!(pos > 0);
 }
 
+/// The version 9 layout: no journal beside the database.
+fn downgrade_to_v9(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "DELETE FROM meta WHERE key = 'journal';
+         DELETE FROM schema_version WHERE version = 10;",
+    )
+    .expect("v9 layout");
+}
+
 /// The version 8 layout: no `archives` table, no kept receipt documents.
 fn downgrade_to_v8(db: &rusqlite::Connection) {
+    downgrade_to_v9(db);
     db.execute_batch(
         "DROP TABLE archives;
          ALTER TABLE receipts DROP COLUMN receipt;

@@ -1,23 +1,47 @@
 //! The writer's side of the SQLite store: the backend the group-commit
 //! writer drives. One batch is one `BEGIN IMMEDIATE` … `COMMIT`; each of its
 //! commits is checked for conflicts with what is stored, then its entries
-//! are sealed onto the chain and its rows written.
+//! are sealed onto the chain and its rows written. A batch the journal holds
+//! is flushed there before `COMMIT`, which then does not flush (`journal`).
 //!
 //! Never here: validation or serialisation of a commit (done on the caller's
 //! thread, in `prepare`), or reads answered to callers (`read`).
 
 use super::head::{load_head, seq_from_db, seq_to_db, Head};
+use super::journal::{self, Journal, Record};
 use crate::chain::seal;
 use crate::prepare::{PreparedEvent, PreparedLatch, PreparedReceipt};
 use crate::writer::{Backend, Job};
 use crate::{ApprovalRow, BudgetRow, CommitAck, InvocationRef, OpenOp, RevisionRow, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The journal's counters, read by [`super::SqliteStore::journal_stats`].
+#[derive(Debug, Default)]
+pub(super) struct JournalCounters {
+    pub records: AtomicU64,
+    pub restarts: AtomicU64,
+    pub replayed: AtomicU64,
+    pub flushed_batches: AtomicU64,
+    /// Off, every batch commits with SQLite's flush (a benchmark's switch:
+    /// [`super::SqliteStore::set_journal`]).
+    pub off: std::sync::atomic::AtomicBool,
+}
 
 /// The writer's backend: the only write connection and the chain it extends.
 pub(super) struct SqliteBackend {
     conn: Connection,
     chain: ChainState,
+    journal: Option<Journal>,
+    /// The connection's `synchronous` setting: `FULL` (SQLite flushes its
+    /// WAL at `COMMIT`) when true, `NORMAL` (the journal flushed) when false.
+    full_sync: bool,
+    /// A journalled batch's record: its heads and time, then its commits.
+    record_meta: Vec<u8>,
+    record_body: Vec<u8>,
+    counters: Arc<JournalCounters>,
 }
 
 /// The writer's state beside its connection (kept apart so a batch can hold
@@ -60,7 +84,10 @@ impl Backend for SqliteBackend {
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError> {
         let saved = self.chain.head.clone();
-        let outcome = self.try_batch(batch, ts_ms, results);
+        let journalled = self.encode_record(batch);
+        let outcome = self
+            .set_full_sync(!journalled)
+            .and_then(|()| self.try_batch(batch, ts_ms, results, journalled));
         if outcome.is_err() {
             // Nothing of the batch may survive: undo the transaction (harmless
             // if BEGIN itself failed) and the head advanced by it.
@@ -73,8 +100,14 @@ impl Backend for SqliteBackend {
 }
 
 impl SqliteBackend {
-    /// The backend of a freshly opened store whose chain ends at `head`.
-    pub(super) fn new(conn: Connection, head: Head) -> Self {
+    /// The backend of a freshly opened store whose chain ends at `head`,
+    /// writing `journal` when this process may.
+    pub(super) fn new(
+        conn: Connection,
+        head: Head,
+        journal: Option<Journal>,
+        counters: Arc<JournalCounters>,
+    ) -> Self {
         Self {
             conn,
             chain: ChainState {
@@ -82,7 +115,35 @@ impl SqliteBackend {
                 scratch: String::with_capacity(256),
                 batch_revisions: HashMap::new(),
             },
+            journal,
+            // `SqliteStore::open` sets FULL on the connection.
+            full_sync: true,
+            record_meta: Vec::with_capacity(256),
+            record_body: Vec::with_capacity(4096),
+            counters,
         }
+    }
+
+    /// Whether the batch goes through the journal: there is one, it is on,
+    /// and the record fits. If so, its commits are in `record_body`.
+    fn encode_record(&mut self, batch: &[Job]) -> bool {
+        // The heads and time take at most this much beside the commits.
+        const META_MAX: usize = 8 * 3 + 4 * 2 + 2 * 128;
+        let Some(j) = &self.journal else { return false };
+        if self.counters.off.load(Ordering::Relaxed) {
+            return false;
+        }
+        journal::encode_commits(&mut self.record_body, batch.iter().map(|job| &job.commit));
+        j.fits(self.record_body.len() + META_MAX)
+    }
+
+    fn set_full_sync(&mut self, full: bool) -> Result<(), StoreError> {
+        if self.full_sync != full {
+            let value = if full { "FULL" } else { "NORMAL" };
+            self.conn.pragma_update(None, "synchronous", value)?;
+            self.full_sync = full;
+        }
+        Ok(())
     }
 
     fn try_batch(
@@ -90,11 +151,50 @@ impl SqliteBackend {
         batch: &[Job],
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
+        journalled: bool,
     ) -> Result<(), StoreError> {
         // IMMEDIATE takes the write lock now, so the head check below cannot
         // race with another process appending.
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         self.reconcile_head()?;
+        let start = self.chain.head.clone();
+        self.apply_jobs(batch, ts_ms, results)?;
+        let Some(j) = self.journal.as_mut().filter(|_| journalled) else {
+            // SQLite's flush of its WAL covers every earlier record too.
+            commit(&self.conn)?;
+            if let Some(j) = self.journal.as_mut() {
+                j.covered();
+                self.counters
+                    .flushed_batches
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(());
+        };
+        let at_position = j.position();
+        record_journal_at(&self.conn, at_position)?;
+        let (meta, head) = (&mut self.record_meta, &self.chain.head);
+        journal::encode_meta(meta, at_position.index, ts_ms, &start, head);
+        let at = j.append(&self.record_meta, &self.record_body)?;
+        if let Err(e) = commit(&self.conn) {
+            // Its callers are told it failed: the record must not stand.
+            j.void(at);
+            return Err(e);
+        }
+        self.counters
+            .records
+            .store(j.records_written, Ordering::Relaxed);
+        self.counters.restarts.store(j.restarts, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The batch's statements inside the open transaction: each commit, then
+    /// the revisions gathered and the head recorded.
+    fn apply_jobs(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<(), StoreError> {
         self.chain.batch_revisions.clear();
         {
             let mut hot = HotStatements::prepare(&self.conn)?;
@@ -104,9 +204,94 @@ impl SqliteBackend {
             }
         }
         self.write_batch_revisions()?;
-        self.record_head()?;
-        self.conn.prepare_cached("COMMIT")?.execute([])?;
-        Ok(())
+        self.record_head()
+    }
+
+    /// Applies the journal's records the database lacks, in chain order from
+    /// its head, each with SQLite's flush; returns how many. A record rebuilds
+    /// exactly the head it recorded, or the store is refused as corrupt.
+    pub(super) fn replay(
+        &mut self,
+        records: Vec<Record>,
+        generation: u64,
+    ) -> Result<usize, StoreError> {
+        // The usual open, after a clean stop or a kill that lost no flushed
+        // write: every record is already in the database. Taking the write
+        // lock only when one is not also lets a store on a read-only disk open.
+        let committed = read_journal_at(&self.conn)?;
+        let newer = |r: &Record| {
+            let at = journal::Position {
+                generation,
+                index: r.index,
+            };
+            at.after(committed)
+        };
+        if !records.iter().any(newer) {
+            return Ok(0);
+        }
+        self.set_full_sync(true)?;
+        let mut results = Vec::new();
+        let mut applied = 0;
+        // Each step applies one record or stops: bounded by their number.
+        for record in records.into_iter().filter(|r| newer(r)) {
+            let saved = self.chain.head.clone();
+            let at = journal::Position {
+                generation,
+                index: record.index,
+            };
+            match self.replay_one(record, at, &mut results) {
+                Ok(true) => applied += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    self.chain.head = saved;
+                    return Err(e);
+                }
+            }
+        }
+        if applied > 0 {
+            if let Some(j) = self.journal.as_mut() {
+                j.covered();
+            }
+        }
+        self.counters
+            .replayed
+            .store(applied as u64, Ordering::Relaxed);
+        Ok(applied)
+    }
+
+    /// One record the database lacks, applied if it starts at the database's
+    /// head. One that does not is a batch a killed process flushed and never
+    /// committed (nor answered), after which another process committed: it
+    /// is left, and so is every record after it.
+    fn replay_one(
+        &mut self,
+        record: Record,
+        at: journal::Position,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<bool, StoreError> {
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        self.reconcile_head()?;
+        if record.start != self.chain.head {
+            self.conn.execute_batch("ROLLBACK")?;
+            return Ok(false);
+        }
+        let jobs: Vec<Job> = record.commits.into_iter().map(Job::replayed).collect();
+        results.clear();
+        self.apply_jobs(&jobs, record.ts_ms, results)?;
+        if self.chain.head != record.end {
+            return Err(StoreError::Corrupt(format!(
+                "the journal's record from seq {} rebuilds seq {} {}, not the recorded seq {} {}",
+                record.start.seq,
+                self.chain.head.seq,
+                self.chain.head.hash,
+                record.end.seq,
+                record.end.hash
+            )));
+        }
+        record_journal_at(&self.conn, at)?;
+        commit(&self.conn)?;
+        Ok(true)
     }
 
     /// Keeps the chain's head (seq and hash) in `meta`, in the same
@@ -174,6 +359,39 @@ impl SqliteBackend {
         )))
     }
 }
+/// Records, in the batch's transaction, the journal position of its record.
+fn record_journal_at(conn: &Connection, at: journal::Position) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO meta(key, value) VALUES ('journal_at', ?1)
+         ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+    )?
+    .execute([at.to_string()])?;
+    Ok(())
+}
+
+/// The journal position of the last record the database committed.
+fn read_journal_at(conn: &Connection) -> Result<Option<journal::Position>, StoreError> {
+    let value: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'journal_at'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    value
+        .map(|v| {
+            v.parse().map_err(|()| {
+                StoreError::Corrupt(format!(
+                    "the recorded journal position {v:?} is not `GEN INDEX`"
+                ))
+            })
+        })
+        .transpose()
+}
+
+fn commit(conn: &Connection) -> Result<(), StoreError> {
+    conn.prepare_cached("COMMIT")?.execute([])?;
+    Ok(())
+}
+
 /// Apply one commit inside the open transaction. The outer error aborts
 /// the batch; the inner one fails only this commit and is returned before
 /// anything of it is written.

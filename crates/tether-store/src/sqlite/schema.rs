@@ -9,7 +9,7 @@ use crate::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 /// Schema version this build writes (the highest migration it knows).
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Migrations by number; each runs once, in order, in one transaction with
 /// the version bump. Never edit a released migration: add a new one.
@@ -148,6 +148,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
         file_name TEXT NOT NULL,
         archived_ms INTEGER NOT NULL
     );",
+    ),
+    (
+        10,
+        // Answered commits may be in `tether.journal` and not yet in this
+        // file (`journal`): a build that does not read the journal must
+        // refuse the store rather than miss them. Nothing else changes.
+        "INSERT INTO meta(key, value) VALUES ('journal', 'tether.journal')
+         ON CONFLICT(key) DO NOTHING;",
     ),
 ];
 

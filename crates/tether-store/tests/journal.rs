@@ -1,0 +1,246 @@
+//! The SQLite store's journal (see `src/sqlite/journal.rs`): which batches it
+//! holds, and that answered commits whose WAL frames a power loss took are
+//! applied again when the store opens — and only those, onto the head they
+//! name, or the store is refused.
+//!
+//! A power loss is modelled by files: the database and its WAL copied at a
+//! moment SQLite had flushed them (right after a batch committed with the
+//! journal off, so with SQLite's own flush, nothing queued), the journal
+//! copied after later commits were answered. The copy is what a disk that
+//! kept only flushed writes holds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::json;
+use std::path::Path;
+use tether_store::verify::verify_store;
+use tether_store::{
+    Commit, EventDraft, LatchRow, OpenOp, ReceiptRef, RevisionRow, SqliteStore, Store, StoreError,
+    DB_FILE_NAME, JOURNAL_FILE_NAME,
+};
+
+fn digest(id: &str) -> String {
+    tether_store::canonical::digest(&json!({ "id": id }))
+}
+
+/// What a setpoint commits: its receipt entry, the receipt's index and the
+/// resource's revision.
+fn setpoint(id: &str, revision: u64) -> Commit {
+    Commit {
+        events: vec![EventDraft {
+            kind: "receipt".into(),
+            body: json!({"command_id": id, "receipt": {"command_id": id, "status": "completed"}})
+                .into(),
+        }],
+        receipts: vec![ReceiptRef {
+            command_id: id.into(),
+            input_digest: digest(id),
+            event: 0,
+        }],
+        revisions: vec![RevisionRow {
+            device_id: "t1".into(),
+            resource: "setpoint".into(),
+            revision,
+        }],
+        ..Commit::default()
+    }
+}
+
+/// What a physical call's durable start commits.
+fn start(id: &str) -> Commit {
+    Commit {
+        events: vec![EventDraft {
+            kind: "command.started".into(),
+            body: json!({ "command_id": id }).into(),
+        }],
+        open_ops: vec![OpenOp {
+            command_id: id.into(),
+            info: json!({"device_id": "arm1"}),
+        }],
+        ..Commit::default()
+    }
+}
+
+fn latch() -> Commit {
+    Commit {
+        latches: vec![LatchRow {
+            device_id: "t1".into(),
+            latched: true,
+            info: json!({"by": "op"}),
+        }],
+        ..Commit::default()
+    }
+}
+
+/// A batch committed with SQLite's own flush (the journal off for it), which
+/// flushes every WAL frame written before it.
+fn flushed_by_sqlite(s: &SqliteStore, c: Commit) {
+    s.set_journal(false);
+    s.commit_blocking(c).unwrap();
+    s.set_journal(true);
+}
+
+/// The database as SQLite last flushed it: copied while nothing is queued,
+/// right after [`flushed_by_sqlite`].
+fn copy_database(from: &Path, to: &Path) {
+    for name in [DB_FILE_NAME.to_string(), format!("{DB_FILE_NAME}-wal")] {
+        let src = from.join(&name);
+        if src.exists() {
+            std::fs::copy(&src, to.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn every_batch_goes_through_the_journal_the_latch_of_an_estop_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    let at_open = s.journal_stats();
+    assert!(at_open.active, "{:?}", at_open.why_off);
+    s.commit_blocking(setpoint("a", 1)).unwrap();
+    s.commit_blocking(start("b")).unwrap();
+    s.commit_blocking(latch()).unwrap();
+    let st = s.journal_stats();
+    assert_eq!((st.records, st.flushed_batches), (3, 0));
+    assert_eq!(st.restarts, 1, "the first record starts a fresh journal");
+    flushed_by_sqlite(&s, setpoint("c", 2));
+    s.commit_blocking(setpoint("d", 3)).unwrap();
+    let st = s.journal_stats();
+    assert_eq!((st.records, st.flushed_batches), (4, 1));
+    assert_eq!(
+        st.restarts, 2,
+        "SQLite's flush covered the records: the next starts again"
+    );
+    assert_eq!(
+        std::fs::metadata(dir.path().join(JOURNAL_FILE_NAME))
+            .unwrap()
+            .len(),
+        4 << 20,
+        "written once to its full size"
+    );
+    // A duplicate command id is still a conflict on the journal's path.
+    assert!(matches!(
+        s.commit_blocking(setpoint("a", 3)),
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+#[test]
+fn answered_commits_whose_wal_a_power_loss_took_are_applied_again_on_open() {
+    let live = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(live.path()).unwrap();
+    s.commit_blocking(setpoint("before", 1)).unwrap();
+    flushed_by_sqlite(&s, setpoint("flushed", 2));
+    copy_database(live.path(), image.path());
+    let mut last = None;
+    for i in 0..5 {
+        last = Some(
+            s.commit_blocking(setpoint(&format!("sp{i}"), 2 + i))
+                .unwrap(),
+        );
+    }
+    s.commit_blocking(start("move1")).unwrap();
+    s.commit_blocking(latch()).unwrap();
+    let last = s.commit_blocking(setpoint("after", 9)).unwrap_or_else(|e| {
+        panic!("{e:?} after {last:?}");
+    });
+    std::fs::copy(
+        live.path().join(JOURNAL_FILE_NAME),
+        image.path().join(JOURNAL_FILE_NAME),
+    )
+    .unwrap();
+    drop(s);
+
+    let r = SqliteStore::open(image.path()).expect("the image opens");
+    assert_eq!(r.journal_stats().replayed, 8);
+    assert_eq!(
+        r.chain_head().unwrap(),
+        Some((last.last_seq, last.head_hash.clone())),
+        "the head the live store answered"
+    );
+    for id in ["before", "flushed", "sp0", "sp4", "after"] {
+        assert!(r.receipt(id).unwrap().is_some(), "{id}");
+    }
+    assert_eq!(r.open_ops().unwrap()[0].command_id, "move1");
+    assert_eq!(r.revisions().unwrap()[0].revision, 9);
+    assert!(r.latches().unwrap()[0].latched);
+    // Applied once: the ids conflict, and a reopen applies nothing again.
+    assert!(matches!(
+        r.commit_blocking(setpoint("sp2", 20)),
+        Err(StoreError::Conflict(_))
+    ));
+    r.commit_blocking(setpoint("next", 21)).unwrap();
+    drop(r);
+    let again = SqliteStore::open(image.path()).unwrap();
+    assert_eq!(again.journal_stats().replayed, 0);
+    assert!(again.receipt("next").unwrap().is_some());
+    drop(again);
+    let report = verify_store(image.path()).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, last.last_seq + 1);
+}
+
+#[test]
+fn a_clean_reopen_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    for i in 0..3 {
+        s.commit_blocking(setpoint(&format!("k{i}"), i + 1))
+            .unwrap();
+    }
+    let head = s.chain_head().unwrap();
+    drop(s);
+    let r = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(r.journal_stats().replayed, 0);
+    assert_eq!(r.chain_head().unwrap(), head);
+    r.commit_blocking(setpoint("k9", 9)).unwrap();
+    assert_eq!(r.journal_stats().records, 1);
+}
+
+#[test]
+fn a_record_that_would_rebuild_another_head_refuses_the_store() {
+    let live = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(live.path()).unwrap();
+    flushed_by_sqlite(&s, setpoint("w", 1));
+    copy_database(live.path(), image.path());
+    s.commit_blocking(setpoint("x", 2)).unwrap();
+    std::fs::copy(
+        live.path().join(JOURNAL_FILE_NAME),
+        image.path().join(JOURNAL_FILE_NAME),
+    )
+    .unwrap();
+    drop(s);
+    // The image's database already indexes a receipt for "x" (written by
+    // hand): the record's commit would now be a conflict and append nothing.
+    let db = rusqlite::Connection::open(image.path().join(DB_FILE_NAME)).unwrap();
+    db.execute(
+        "INSERT INTO receipts(seq, command_id, input_digest) VALUES (99, 'x', 'sha256:00')",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    match SqliteStore::open(image.path()) {
+        Err(StoreError::Corrupt(why)) => assert!(why.contains("journal"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_handle_on_the_store_commits_with_sqlites_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = SqliteStore::open(dir.path()).unwrap();
+    let second = SqliteStore::open(dir.path()).unwrap();
+    let st = second.journal_stats();
+    assert!(!st.active);
+    assert!(st.why_off.unwrap().contains("another process"));
+    first.commit_blocking(setpoint("one", 1)).unwrap();
+    second.commit_blocking(setpoint("two", 2)).unwrap();
+    first.commit_blocking(setpoint("three", 3)).unwrap();
+    assert_eq!(second.journal_stats().records, 0);
+    assert_eq!(first.journal_stats().records, 2);
+    drop((first, second));
+    let report = verify_store(dir.path()).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, 3);
+}
