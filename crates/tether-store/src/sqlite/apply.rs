@@ -207,9 +207,10 @@ impl SqliteBackend {
         self.record_head()
     }
 
-    /// Applies the journal's records the database lacks, in chain order from
-    /// its head, each with SQLite's flush; returns how many. A record rebuilds
-    /// exactly the head it recorded, or the store is refused as corrupt.
+    /// Applies the journal's records after the position the database
+    /// committed last, in order, each with SQLite's flush; returns how many.
+    /// A record rebuilds exactly the head it recorded, or the store is
+    /// refused as corrupt.
     pub(super) fn replay(
         &mut self,
         records: Vec<Record>,
@@ -219,6 +220,9 @@ impl SqliteBackend {
         // write: every record is already in the database. Taking the write
         // lock only when one is not also lets a store on a read-only disk open.
         let committed = read_journal_at(&self.conn)?;
+        if let Some(j) = self.journal.as_mut() {
+            j.follow(committed);
+        }
         let newer = |r: &Record| {
             let at = journal::Position {
                 generation,

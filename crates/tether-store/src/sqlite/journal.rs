@@ -319,6 +319,22 @@ impl Journal {
             .and_then(|()| self.file.sync_data());
     }
 
+    /// Makes every record written from now on come after the position the
+    /// database committed last, so that the open after a power loss applies
+    /// it: a clock set back (generations follow the clock) or a journal
+    /// replaced by hand would otherwise give new records older positions.
+    pub(super) fn follow(&mut self, committed: Option<Position>) {
+        let Some(c) = committed else { return };
+        let next = Position {
+            generation: self.generation,
+            index: self.next_index,
+        };
+        if self.restart || !next.after(Some(c)) {
+            self.generation = self.generation.max(c.generation);
+            self.restart = true;
+        }
+    }
+
     /// Every record so far is covered by a flush of SQLite's WAL.
     pub(super) fn covered(&mut self) {
         self.restart = true;
@@ -988,6 +1004,29 @@ mod tests {
         let second = Journal::open(dir.path()).unwrap();
         assert!(second.journal.is_none());
         assert!(second.why_not.unwrap().contains("another process"));
+    }
+
+    #[test]
+    fn records_written_after_a_clock_set_back_still_come_after_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = writable(dir.path());
+        // The database committed a record of a generation from the future.
+        let ahead = Position {
+            generation: u64::MAX - 10,
+            index: 3,
+        };
+        j.follow(Some(ahead));
+        let next = j.position();
+        assert!(next.after(Some(ahead)), "{next:?}");
+        // A database that committed this journal's record 0 leaves record 1
+        // where it goes.
+        let other = tempfile::tempdir().unwrap();
+        let mut k = writable(other.path());
+        write(&mut k, 0, &["a"]);
+        let next = k.position();
+        k.follow(Some(Position { index: 0, ..next }));
+        assert_eq!(k.position(), next);
+        assert_eq!(next.index, 1);
     }
 
     #[test]
