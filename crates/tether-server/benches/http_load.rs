@@ -1,6 +1,6 @@
 //! JSON-RPC over HTTP under load, on loopback, in one process: 64 keep-alive
 //! clients send governed setpoint commands (durable evidence: SQLite WAL,
-//! synchronous=FULL, group commit) while e-stops are timed — request to answer
+//! the store's journal, group commit) while e-stops are timed — request to answer
 //! (the latch is durable when the answer is sent) and request to the abort of
 //! an in-flight arm motion.
 //!

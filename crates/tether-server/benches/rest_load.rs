@@ -1,6 +1,6 @@
 //! The REST tool gateway under load, on loopback, in one process: keep-alive
 //! clients invoke `thermostat-1__setpoint` (a governed action: the whole
-//! evaluation order, durable evidence in SQLite WAL with synchronous=FULL and
+//! evaluation order, durable evidence in SQLite WAL with the store's journal and
 //! group commit). Each invoke is answered 202 once its invocation record is
 //! durable; each client then polls nothing, it just invokes again. The figure
 //! counts invocations accepted per second, and separately invocations whose

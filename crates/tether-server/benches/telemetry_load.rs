@@ -1,6 +1,6 @@
 //! `durable_load` with telemetry off and on, in one run (issue 22 §2,
 //! docs/PERFORMANCE.md, docs/TELEMETRY.md): the same 64 callers sending
-//! setpoint commands through a kernel on SQLite (WAL, synchronous=FULL,
+//! setpoint commands through a kernel on SQLite (WAL, the store's journal,
 //! group commit), with no tracer (telemetry off, as `tether serve`
 //! without `otlp_endpoint`) and with the exporter `tether serve` gives
 //! the kernel, sending over OTLP/HTTP through `telemetry::otlp` to a live

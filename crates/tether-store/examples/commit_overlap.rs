@@ -7,8 +7,9 @@
 //! that they meet the same disk (its flush swings between ~40 and ~300 µs
 //! here), each timed from start to durable:
 //!
-//! - `sqlite_full`: SQLite alone, WAL, `synchronous=FULL` (what the store does:
-//!   five pages, their frames, one `fdatasync` of the WAL);
+//! - `sqlite_full`: SQLite alone, WAL, `synchronous=FULL` (what the store did
+//!   before its journal: five pages, their frames, one `fdatasync` of the
+//!   WAL);
 //! - `journal_only`: a ~1.2 KB record written into a preallocated journal
 //!   file and `fdatasync`ed (the floor of any design that flushes one record);
 //! - `journal_then_sqlite`: that record flushed, then the SQLite commit with

@@ -20,9 +20,11 @@
 //! ## Implementations
 //!
 //! * [`SqliteStore`] — one SQLite file `tether.db` per state directory, WAL,
-//!   `synchronous=FULL`. A single writer thread owns the write connection and
-//!   the chain head; everything queued is applied in one transaction and made
-//!   durable by one fsync (group commit), then every caller's `done` runs.
+//!   and a journal file `tether.journal` beside it. A single writer thread
+//!   owns the write connection and the chain head; everything queued is
+//!   applied in one transaction and made durable by one fsync (group commit:
+//!   of the batch's record in the journal, or of SQLite's WAL for a batch too
+//!   large for it), then every caller's `done` runs.
 //! * [`PgStore`] — one PostgreSQL database shared by the endpoints of a
 //!   fleet, `synchronous_commit=on`; the same writer thread and batching,
 //!   one transaction per batch, one evidence chain for the whole store

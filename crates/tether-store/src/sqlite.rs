@@ -1,11 +1,11 @@
 //! The SQLite store: one `tether.db` per state directory.
 //!
-//! Durability: WAL journal. A batch of the shapes a command commits is first
-//! written to Tether's own journal file and flushed there, then committed
-//! with `synchronous=NORMAL`; every other batch commits with
-//! `synchronous=FULL`, so its `COMMIT` returns only after the WAL is flushed
-//! (`journal` says why and how the two fit together). The writer thread owns the only write connection
-//! and the chain head; reads go through a second connection (WAL lets it read
+//! Durability: WAL journal. Each batch is first written as one record to
+//! Tether's own journal file (`tether.journal`) and flushed there, then
+//! committed with `synchronous=NORMAL`; a batch too large for the journal
+//! commits with `synchronous=FULL`, so its `COMMIT` returns only after the
+//! WAL is flushed (`journal` says why and how the two fit together). The
+//! writer thread owns the only write connection and the chain head; reads go through a second connection (WAL lets it read
 //! the last committed state while the writer works).
 //!
 //! | module | owns |
@@ -146,8 +146,9 @@ impl SqliteStore {
         reader.pragma_update(None, "query_only", true)?;
         reader.set_prepared_statement_cache_capacity(32);
 
-        // The journal's records past the head are answered commits whose
-        // WAL frames the disk lost: applied before anything else is.
+        // The journal's records past the position the database recorded are
+        // answered commits whose WAL frames the disk lost: applied before
+        // anything else is.
         let opened = journal::Journal::open(state_dir)?;
         let counters = Arc::new(JournalCounters::default());
         let mut backend = SqliteBackend::new(conn, head, opened.journal, counters.clone());
@@ -182,9 +183,9 @@ impl SqliteStore {
         self.writer.stats()
     }
 
-    /// Whether batches the journal holds go through it (on by default). Off,
-    /// every batch commits with SQLite's flush: for benchmarks that compare
-    /// the two in one run.
+    /// Whether batches go through the journal (on by default). Off, every
+    /// batch commits with SQLite's flush: for benchmarks that compare the
+    /// two in one run.
     pub fn set_journal(&self, on: bool) {
         self.journal.off.store(!on, Ordering::Relaxed);
     }

@@ -1,8 +1,9 @@
 //! The writer's side of the SQLite store: the backend the group-commit
 //! writer drives. One batch is one `BEGIN IMMEDIATE` … `COMMIT`; each of its
 //! commits is checked for conflicts with what is stored, then its entries
-//! are sealed onto the chain and its rows written. A batch the journal holds
-//! is flushed there before `COMMIT`, which then does not flush (`journal`).
+//! are sealed onto the chain and its rows written. A batch's record is
+//! flushed in the journal before `COMMIT`, which then does not flush
+//! (`journal`).
 //!
 //! Never here: validation or serialisation of a commit (done on the caller's
 //! thread, in `prepare`), or reads answered to callers (`read`).
@@ -38,7 +39,8 @@ pub(super) struct SqliteBackend {
     /// The connection's `synchronous` setting: `FULL` (SQLite flushes its
     /// WAL at `COMMIT`) when true, `NORMAL` (the journal flushed) when false.
     full_sync: bool,
-    /// A journalled batch's record: its heads and time, then its commits.
+    /// A journalled batch's record: its index, time and heads, then its
+    /// commits.
     record_meta: Vec<u8>,
     record_body: Vec<u8>,
     counters: Arc<JournalCounters>,
@@ -127,8 +129,9 @@ impl SqliteBackend {
     /// Whether the batch goes through the journal: there is one, it is on,
     /// and the record fits. If so, its commits are in `record_body`.
     fn encode_record(&mut self, batch: &[Job]) -> bool {
-        // The heads and time take at most this much beside the commits.
-        const META_MAX: usize = 8 * 3 + 4 * 2 + 2 * 128;
+        // The index, time and heads take at most this much beside the commits
+        // (a head is a seq and a 64-digit hash).
+        const META_MAX: usize = 8 * 4 + 4 * 2 + 2 * 128;
         let Some(j) = &self.journal else { return false };
         if self.counters.off.load(Ordering::Relaxed) {
             return false;
