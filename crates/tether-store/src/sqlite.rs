@@ -13,7 +13,7 @@
 //! | `schema` | the numbered migrations and `schema_version` |
 //! | `head` | the chain head: checked at open, recorded in `meta` |
 //! | `apply` | the writer's backend: one transaction per batch |
-//! | `journal` | the record flushed before a batch's unflushed commit, and its replay |
+//! | `journal` | the record flushed before a batch's unflushed commit (its bytes: `journal::codec`), and its replay |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
 //! | `archive` | the archive anchor and `audit archive`'s transaction |
