@@ -127,7 +127,10 @@ pub fn start(
     let open_dir = dir.clone();
     let open: tether_kernel::OpenStore = Box::new(move || match &url {
         Some(u) => PgStore::open(u).map(|s| Arc::new(s) as Arc<dyn Store>),
-        None => SqliteStore::open(&open_dir).map(|s| Arc::new(s) as Arc<dyn Store>),
+        None => SqliteStore::open(&open_dir).map(|s| {
+            say_journal(&s);
+            Arc::new(s) as Arc<dyn Store>
+        }),
     });
     let started = match Kernel::start_deferred(kernel_config, cell, drivers, open) {
         Ok(s) => s,
@@ -188,6 +191,30 @@ pub fn start(
         checkpointer,
         runtime,
     })
+}
+
+/// Tells the operator what the SQLite store's journal did at open, when it
+/// did more than its usual nothing.
+fn say_journal(store: &SqliteStore) {
+    let j = store.journal_stats();
+    if j.replayed > 0 {
+        eprintln!(
+            "tether: the evidence store's journal held {} flushed batch(es) its database lacked (a power loss, or a kill between the journal's flush and SQLite's commit): applied before serving",
+            j.replayed
+        );
+    }
+    if j.discarded > 0 {
+        eprintln!(
+            "tether: {} held {} record(s) written for a database that is gone (a new database was made): not applied",
+            tether_store::JOURNAL_FILE_NAME,
+            j.discarded
+        );
+    }
+    if let Some(why) = &j.why_off {
+        eprintln!(
+            "tether: the evidence store commits without its journal ({why}): each commit waits for SQLite's own flush"
+        );
+    }
 }
 
 /// The kernel's settings from the config: limits, policy, the fleet's,

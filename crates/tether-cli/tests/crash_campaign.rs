@@ -117,6 +117,8 @@ struct Campaign {
     /// How long each start-up took that served while its store's state
     /// was still being read (past the restore's first stage and its 2 s).
     late_starts: Vec<Duration>,
+    /// Start-ups that applied records of the SQLite store's journal.
+    journal_replays: u64,
 }
 
 impl Campaign {
@@ -210,6 +212,11 @@ impl Campaign {
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         drop(ctx);
+        // Its start-up applied the journal's records the database lacked
+        // (the last kill fell between a record's flush and SQLite's commit).
+        if s.stderr_text().contains("journal held") {
+            self.journal_replays += 1;
+        }
         for e in rx.try_iter() {
             self.ledger.apply(e);
         }
@@ -666,7 +673,7 @@ impl Campaign {
         format!(
             "SIGKILL campaign: seed {}, {kills} kills ({} during start-up) in {:.0} s; start-up p50 {p50} ms, max {max} ms ({} starts); \
              commands sent {}, outcomes acknowledged {}, replays checked {}, in flight at a kill {} (resent and replayed {}, interrupted motions unknown {}); \
-             holds {}, votes {}, budget draws {}, latches {}, resets {}; chain entries {} ({} verifies, slowest {} ms); start-ups served LATCHED {:?}; start-ups served while still restoring {:?}; refusals {top:?}; anomalies {}",
+             holds {}, votes {}, budget draws {}, latches {}, resets {}; chain entries {} ({} verifies, slowest {} ms); start-ups served LATCHED {:?}; start-ups served while still restoring {:?}; start-ups that applied journal records {}; refusals {top:?}; anomalies {}",
             self.seed,
             self.startup_kills,
             elapsed.as_secs_f64(),
@@ -687,6 +694,7 @@ impl Campaign {
             self.verify_max.as_millis(),
             self.latched_starts,
             self.late_starts,
+            self.journal_replays,
             s.anomalies.len(),
         )
     }
@@ -720,6 +728,7 @@ fn sigkill_campaign_keeps_every_acknowledged_outcome_and_runs_nothing_twice() {
         latched_start: false,
         latched_starts: Vec::new(),
         late_starts: Vec::new(),
+        journal_replays: 0,
     };
     let t0 = Instant::now();
     let mut s = c.start();

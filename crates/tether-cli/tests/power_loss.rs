@@ -159,3 +159,51 @@ fn answered_commands_survive_a_power_loss_that_took_sqlites_unflushed_wal() {
     drop(s);
     verify(image.path());
 }
+
+/// `rm tether.db*` to start afresh leaves `tether.journal`: its records
+/// belong to the removed database and must not come back into the new one
+/// (the old store's latch would trip the new endpoint, its receipts would
+/// replay for ids the new store never ran).
+#[test]
+fn a_journal_left_behind_by_a_removed_database_is_not_applied_to_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = Server::start(Transport::Http, Some(dir.path()));
+    let sid = old.session();
+    let r = old.command(setpoint(&sid, "old-1", 21.0));
+    assert_eq!(r["status"], "completed", "{r}");
+    let stop = old.ok(
+        "mhs.safety.estop",
+        json!({"device_id": THERMOSTAT, "reason": "before the reset"}),
+    );
+    assert_eq!(stop["status"], "completed", "{stop}");
+    assert!(old.terminate().is_some(), "a clean stop");
+    assert!(
+        export(dir.path())
+            .iter()
+            .any(|l| l.contains("before the reset")),
+        "the old chain records the e-stop"
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("tether.db{suffix}")));
+    }
+    assert!(dir.path().join("tether.journal").exists());
+
+    let s = Server::start(Transport::Http, Some(dir.path()));
+    let sid = s.session();
+    // Not latched by the old store's e-stop, and "old-1" is a new command.
+    let r = s.command(setpoint(&sid, "old-1", 22.0));
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_ne!(r["replayed"], true, "{r}");
+    assert!(
+        s.stderr_text().contains("not applied"),
+        "start-up says the journal's records were set aside: {}",
+        s.stderr_text()
+    );
+    drop(s);
+    let entries = export(dir.path());
+    assert!(
+        !entries.iter().any(|l| l.contains("before the reset")),
+        "the old store's e-stop is not in the new chain"
+    );
+    verify(dir.path());
+}

@@ -93,6 +93,9 @@ pub struct JournalStats {
     pub replayed: u64,
     /// Batches committed with SQLite's flush while the journal was active.
     pub flushed_batches: u64,
+    /// Records found beside a database this open created, so written for
+    /// another (removed) database, and not applied.
+    pub discarded: u64,
 }
 
 impl SqliteStore {
@@ -129,7 +132,7 @@ impl SqliteStore {
         // checkpoint stays only as a backstop should that thread be gone.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
         conn.set_prepared_statement_cache_capacity(32);
-        schema::migrate(&mut conn)?;
+        let created = schema::migrate(&mut conn)?;
         // The last entry and the head recorded beside it, read in one
         // snapshot: another process on the store may commit in between.
         conn.execute_batch("BEGIN")?;
@@ -149,8 +152,17 @@ impl SqliteStore {
         // The journal's records past the position the database recorded are
         // answered commits whose WAL frames the disk lost: applied before
         // anything else is.
-        let opened = journal::Journal::open(state_dir)?;
+        let mut opened = journal::Journal::open(state_dir)?;
         let counters = Arc::new(JournalCounters::default());
+        if created {
+            // A database this open made holds nothing a journal could have
+            // answered: records beside it belong to a store whose database
+            // was removed (`rm tether.db*` leaves `tether.journal`), and
+            // applying them would bring its entries, receipts and latches
+            // back into a new store.
+            let dropped = opened.forget_records();
+            counters.discarded.store(dropped, Ordering::Relaxed);
+        }
         let mut backend = SqliteBackend::new(conn, head, opened.journal, counters.clone());
         backend.replay(opened.records, opened.generation)?;
         let writer = Writer::spawn_inline(backend, "tether-store-writer")?;
@@ -200,6 +212,7 @@ impl SqliteStore {
             restarts: c.restarts.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),
             flushed_batches: c.flushed_batches.load(Ordering::Relaxed),
+            discarded: c.discarded.load(Ordering::Relaxed),
         }
     }
 

@@ -244,3 +244,38 @@ fn a_second_handle_on_the_store_commits_with_sqlites_flush() {
     assert!(report.ok, "{:?}", report.first_broken);
     assert_eq!(report.entries, 3);
 }
+
+#[test]
+fn a_journal_left_beside_a_removed_database_is_not_applied_to_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    s.commit_blocking(setpoint("old", 1)).unwrap();
+    s.commit_blocking(latch()).unwrap();
+    s.commit_blocking(start("old-move")).unwrap();
+    drop(s);
+    // `rm tether.db*`: the journal stays.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("{DB_FILE_NAME}{suffix}")));
+    }
+    assert!(dir.path().join(JOURNAL_FILE_NAME).exists());
+    let fresh = SqliteStore::open(dir.path()).unwrap();
+    let st = fresh.journal_stats();
+    assert_eq!((st.replayed, st.discarded), (0, 3));
+    assert_eq!(fresh.chain_head().unwrap(), None, "a new, empty chain");
+    assert!(fresh.receipt("old").unwrap().is_none());
+    assert!(
+        fresh.latches().unwrap().is_empty(),
+        "no latch of the old store"
+    );
+    assert!(fresh.open_ops().unwrap().is_empty());
+    // The journal starts again over the old records: after a power loss the
+    // new store's records are the ones applied, and only onto it.
+    fresh.commit_blocking(setpoint("new", 1)).unwrap();
+    let live_head = fresh.chain_head().unwrap();
+    drop(fresh);
+    let reopened = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(reopened.journal_stats().discarded, 0);
+    assert_eq!(reopened.chain_head().unwrap(), live_head);
+    assert!(reopened.receipt("old").unwrap().is_none());
+    assert!(reopened.latches().unwrap().is_empty());
+}

@@ -140,6 +140,19 @@ pub(super) struct Opened {
     pub why_not: Option<String>,
 }
 
+impl Opened {
+    /// Sets the records aside unapplied and has the journal start again
+    /// (over them) at its first record; returns how many there were.
+    pub(super) fn forget_records(&mut self) -> u64 {
+        let n = self.records.len() as u64;
+        self.records.clear();
+        if let Some(j) = self.journal.as_mut() {
+            j.covered();
+        }
+        n
+    }
+}
+
 impl Journal {
     /// Opens (creating and sizing if needed) the journal in `dir` and reads
     /// its records. Never fails the store: a journal that cannot be opened,

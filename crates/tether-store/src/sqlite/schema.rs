@@ -190,7 +190,8 @@ fn now_ms() -> i64 {
 }
 
 /// Brings the schema up to [`SCHEMA_VERSION`], refusing a newer one.
-pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+/// Returns whether the database was made by this call (it had no schema).
+pub(super) fn migrate(conn: &mut Connection) -> Result<bool, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_version(
@@ -225,5 +226,5 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         )?;
     }
     tx.commit()?;
-    Ok(())
+    Ok(current == 0)
 }
