@@ -204,8 +204,12 @@ fn say_journal(store: &SqliteStore) {
         );
     }
     if j.discarded > 0 {
+        let kept = match &j.set_aside_error {
+            None => format!("copied to {}", tether_store::JOURNAL_SET_ASIDE_FILE_NAME),
+            Some(e) => format!("could not be copied aside ({e})"),
+        };
         eprintln!(
-            "tether: {} held {} record(s) written for a database that is gone (a new database was made): not applied",
+            "tether: {} held {} record(s) written for a database that is gone (a new database was made): not applied, {kept}",
             tether_store::JOURNAL_FILE_NAME,
             j.discarded
         );

@@ -195,7 +195,8 @@ fn a_journal_left_behind_by_a_removed_database_is_not_applied_to_a_new_one() {
     assert_eq!(r["status"], "completed", "{r}");
     assert_ne!(r["replayed"], true, "{r}");
     assert!(
-        s.stderr_text().contains("not applied"),
+        s.stderr_text()
+            .contains("not applied, copied to tether.journal.set-aside"),
         "start-up says the journal's records were set aside: {}",
         s.stderr_text()
     );

@@ -13,11 +13,12 @@ mod common;
 
 use serde_json::{json, Value};
 use std::sync::Arc;
+use tether_core::Code;
 use tether_kernel::{
     Authorized, BoxFuture, CancelToken, CommandRequest, Driver, EstopRequest, Kernel, Principal,
     ResetRequest, SessionOpen, Signal,
 };
-use tether_store::MemoryStore;
+use tether_store::{ApprovalRow, Commit, MemoryStore, Store};
 
 fn manifest(mode: &str) -> String {
     format!(
@@ -408,4 +409,108 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
         k.approvals_get(&human("op", true), &id).expect("get")["status"],
         "revoked"
     );
+}
+
+/// A restart reads back only the newest closed approvals (5,000: memory stays
+/// bounded); an older one is still answered by `approvals.get`, from the
+/// store, which keeps every one. Found by the SIGKILL campaign's long run: a
+/// hold acknowledged at its second kill answered "no approval" at the 463rd.
+#[tokio::test]
+async fn an_old_closed_approval_a_restart_did_not_read_back_is_answered_from_the_store() {
+    let store = Arc::new(MemoryStore::new());
+    let config = || {
+        let mut c = tether_kernel::KernelConfig::standard("t");
+        c.policy = Some((
+            "allow-all.cedar".into(),
+            "@id(\"all\") permit(principal, action, resource);".into(),
+        ));
+        c
+    };
+    let k = common::single_device_kernel_with(
+        "mixer-1",
+        &manifest("hardware"),
+        Arc::new(Mixer),
+        store.clone(),
+        config(),
+    );
+    let p = Principal::local_agent();
+    let sid = common::open_session(&k, &p).await;
+    let mut req = mix(&sid, 120.0, None);
+    req.command_id = Some("mix-old-1".into());
+    let r = k
+        .command(&p, req.clone(), tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
+    let id = r["error"]["details"]["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_owned();
+    k.approvals_decide(&human("op", true), &id, "approve", "ok")
+        .await
+        .expect("vote");
+    let done = k
+        .command(&p, req, tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
+    assert_eq!(done["status"], "completed", "{done}");
+    drop(k);
+
+    // 5,000 closed approvals newer than it (its record under other ids).
+    let row = store.approval(&id).expect("read").expect("stored");
+    assert_eq!(row.record["status"], "used");
+    let newer: Vec<ApprovalRow> = (0..5_000)
+        .map(|i| {
+            let mut record = row.record.clone();
+            let other = format!("appr_newer_{i:05}");
+            record["approval_id"] = json!(other);
+            ApprovalRow {
+                approval_id: other,
+                record,
+            }
+        })
+        .collect();
+    for part in newer.chunks(1_000) {
+        store
+            .commit_blocking(Commit {
+                approvals: part.to_vec(),
+                ..Commit::default()
+            })
+            .expect("commit");
+    }
+
+    // Another endpoint on the store (the first one's lease on mixer-1 is
+    // still live in this process): it restores the approvals all the same.
+    let k = common::single_device_kernel_with(
+        "mixer-2",
+        &manifest("hardware").replace("mixer-1", "mixer-2"),
+        Arc::new(Mixer),
+        store.clone(),
+        config(),
+    );
+    let listed = k
+        .approvals_list(&human("op", true), Some("used"), Some(500), None)
+        .expect("list");
+    assert!(
+        !listed.to_string().contains(&id),
+        "not read back into memory"
+    );
+    let got = k
+        .approvals_get(&human("op", true), &id)
+        .expect("answered from the store");
+    assert_eq!(got["status"], "used", "{got}");
+    assert_eq!(got["approval_id"], json!(id));
+    assert_eq!(got["votes"][0]["by"], "op", "{got}");
+    // The store's answer keeps the visibility rule: the requester sees its
+    // own, another non-operator does not; an unknown id stays unknown.
+    k.approvals_get(&p, &id).expect("the requester's own");
+    let e = k
+        .approvals_get(&human("visitor", false), &id)
+        .expect_err("not the visitor's");
+    assert_eq!(e.code, Code::PolicyApprovalUnknown);
+    let e = k
+        .approvals_get(&human("op", true), "appr_never_made")
+        .expect_err("unknown");
+    assert_eq!(e.code, Code::PolicyApprovalUnknown);
 }

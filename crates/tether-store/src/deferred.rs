@@ -129,6 +129,9 @@ impl Store for DeferredStore {
     fn approvals_since(&self, after: u64) -> Result<(Vec<ApprovalRow>, u64), StoreError> {
         self.store()?.approvals_since(after)
     }
+    fn approval(&self, approval_id: &str) -> Result<Option<ApprovalRow>, StoreError> {
+        self.store()?.approval(approval_id)
+    }
     fn invocation(&self, invocation_id: &str) -> Result<Option<InvocationRow>, StoreError> {
         self.store()?.invocation(invocation_id)
     }

@@ -129,6 +129,11 @@ impl Store for FaultyStore {
         self.inner.approvals_since(after)
     }
 
+    fn approval(&self, approval_id: &str) -> Result<Option<crate::ApprovalRow>, StoreError> {
+        self.read_check()?;
+        self.inner.approval(approval_id)
+    }
+
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError> {
         self.read_check()?;
         self.inner.open_ops()

@@ -68,7 +68,10 @@ pub use lease::{LeaseDraft, LeaseHeld, LeaseOp, LeaseRow, Leases};
 pub use memory::MemoryStore;
 pub use postgres::{PgStore, PG_SCHEMA_VERSION};
 pub use prepare::MAX_ITEMS_PER_COMMIT;
-pub use sqlite::{JournalStats, SqliteStore, DB_FILE_NAME, JOURNAL_FILE_NAME, SCHEMA_VERSION};
+pub use sqlite::{
+    JournalStats, SqliteStore, DB_FILE_NAME, JOURNAL_FILE_NAME, JOURNAL_SET_ASIDE_FILE_NAME,
+    SCHEMA_VERSION,
+};
 pub use writer::{WriterStats, MAX_BATCH_COMMITS, QUEUE_CAPACITY};
 
 use serde_json::Value;
@@ -621,6 +624,17 @@ pub trait Store: Send + Sync + 'static {
     /// [`APPROVALS_SINCE_MAX`]; with the newest position among them (`after`
     /// when none). An endpoint keeps the position and asks again with it.
     fn approvals_since(&self, after: u64) -> Result<(Vec<ApprovalRow>, u64), StoreError>;
+
+    /// The stored record of approval `approval_id`, if any: for an approval
+    /// a restart did not read back into memory (an old closed one). The
+    /// provided version scans [`Store::approvals`]; the SQL stores look the
+    /// key up.
+    fn approval(&self, approval_id: &str) -> Result<Option<ApprovalRow>, StoreError> {
+        Ok(self
+            .approvals()?
+            .into_iter()
+            .find(|r| r.approval_id == approval_id))
+    }
 
     /// The recorded invocation `invocation_id`, if any.
     fn invocation(&self, invocation_id: &str) -> Result<Option<InvocationRow>, StoreError>;

@@ -28,7 +28,7 @@ mod schema;
 
 pub(crate) use archive::read_anchor;
 pub(crate) use head::recorded_head;
-pub use journal::JOURNAL_FILE_NAME;
+pub use journal::{JOURNAL_FILE_NAME, SET_ASIDE_FILE_NAME as JOURNAL_SET_ASIDE_FILE_NAME};
 pub use schema::SCHEMA_VERSION;
 
 use crate::writer::{Writer, WriterStats};
@@ -63,6 +63,8 @@ pub struct SqliteStore {
     journal: Arc<JournalCounters>,
     /// Why this store commits without the journal, if it does.
     journal_off: Option<String>,
+    /// Why a journal set aside at open could not be copied, if it could not.
+    set_aside_error: Option<String>,
     // Declared last: dropped after the writer has drained.
     _checkpointer: Checkpointer,
 }
@@ -94,8 +96,11 @@ pub struct JournalStats {
     /// Batches committed with SQLite's flush while the journal was active.
     pub flushed_batches: u64,
     /// Records found beside a database this open created, so written for
-    /// another (removed) database, and not applied.
+    /// another (removed) database, and not applied: the file was copied to
+    /// [`JOURNAL_SET_ASIDE_FILE_NAME`] first.
     pub discarded: u64,
+    /// Why that copy failed, if it did (the records are then gone).
+    pub set_aside_error: Option<String>,
 }
 
 impl SqliteStore {
@@ -132,7 +137,11 @@ impl SqliteStore {
         // checkpoint stays only as a backstop should that thread be gone.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
         conn.set_prepared_statement_cache_capacity(32);
-        let created = schema::migrate(&mut conn)?;
+        // The journal is read first: a database made now records its last
+        // record as held, in the transaction that makes it (below).
+        let mut opened = journal::Journal::open(state_dir)?;
+        let held = opened.last().map(|at| at.to_string());
+        let created = schema::migrate(&mut conn, held.as_deref())?;
         // The last entry and the head recorded beside it, read in one
         // snapshot: another process on the store may commit in between.
         conn.execute_batch("BEGIN")?;
@@ -152,16 +161,18 @@ impl SqliteStore {
         // The journal's records past the position the database recorded are
         // answered commits whose WAL frames the disk lost: applied before
         // anything else is.
-        let mut opened = journal::Journal::open(state_dir)?;
         let counters = Arc::new(JournalCounters::default());
+        let mut set_aside_error = None;
         if created {
             // A database this open made holds nothing a journal could have
             // answered: records beside it belong to a store whose database
             // was removed (`rm tether.db*` leaves `tether.journal`), and
             // applying them would bring its entries, receipts and latches
-            // back into a new store.
-            let dropped = opened.forget_records();
-            counters.discarded.store(dropped, Ordering::Relaxed);
+            // back into a new store. The database already records them as
+            // held, so no later open applies them either.
+            let aside = opened.set_aside(state_dir);
+            counters.discarded.store(aside.records, Ordering::Relaxed);
+            set_aside_error = aside.copy_error;
         }
         let mut backend = SqliteBackend::new(conn, head, opened.journal, counters.clone());
         backend.replay(opened.records, opened.generation)?;
@@ -173,6 +184,7 @@ impl SqliteStore {
             path,
             journal: counters,
             journal_off: opened.why_not,
+            set_aside_error,
             _checkpointer: checkpointer,
         })
     }
@@ -213,6 +225,7 @@ impl SqliteStore {
             replayed: c.replayed.load(Ordering::Relaxed),
             flushed_batches: c.flushed_batches.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
+            set_aside_error: self.set_aside_error.clone(),
         }
     }
 

@@ -15,7 +15,7 @@ use std::path::Path;
 use tether_store::verify::verify_store;
 use tether_store::{
     Commit, EventDraft, LatchRow, OpenOp, ReceiptRef, RevisionRow, SqliteStore, Store, StoreError,
-    DB_FILE_NAME, JOURNAL_FILE_NAME,
+    DB_FILE_NAME, JOURNAL_FILE_NAME, JOURNAL_SET_ASIDE_FILE_NAME,
 };
 
 fn digest(id: &str) -> String {
@@ -261,6 +261,9 @@ fn a_journal_left_beside_a_removed_database_is_not_applied_to_a_new_one() {
     let fresh = SqliteStore::open(dir.path()).unwrap();
     let st = fresh.journal_stats();
     assert_eq!((st.replayed, st.discarded), (0, 3));
+    assert_eq!(st.set_aside_error, None);
+    let aside = std::fs::read(dir.path().join(JOURNAL_SET_ASIDE_FILE_NAME)).unwrap();
+    assert_eq!(aside.len(), 4 << 20, "the old journal, copied whole");
     assert_eq!(fresh.chain_head().unwrap(), None, "a new, empty chain");
     assert!(fresh.receipt("old").unwrap().is_none());
     assert!(
@@ -278,4 +281,27 @@ fn a_journal_left_beside_a_removed_database_is_not_applied_to_a_new_one() {
     assert_eq!(reopened.chain_head().unwrap(), live_head);
     assert!(reopened.receipt("old").unwrap().is_none());
     assert!(reopened.latches().unwrap().is_empty());
+}
+
+#[test]
+fn records_set_aside_stay_unapplied_even_before_the_journal_starts_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    s.commit_blocking(setpoint("old", 1)).unwrap();
+    s.commit_blocking(latch()).unwrap();
+    drop(s);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("{DB_FILE_NAME}{suffix}")));
+    }
+    // Opened and closed with no commit: the journal file still holds the old
+    // records (it starts again at its next record only).
+    let fresh = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(fresh.journal_stats().discarded, 2);
+    drop(fresh);
+    let again = SqliteStore::open(dir.path()).unwrap();
+    let st = again.journal_stats();
+    assert_eq!((st.replayed, st.discarded), (0, 0));
+    assert!(again.receipt("old").unwrap().is_none());
+    assert!(again.latches().unwrap().is_empty());
+    assert_eq!(again.chain_head().unwrap(), None);
 }

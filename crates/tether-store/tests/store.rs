@@ -236,8 +236,12 @@ fn a_restart_reads_back_the_open_approvals_and_only_the_newest_closed_ones() {
         assert_eq!(ids(2, 0), ["appr-6", "appr-8"]);
         assert_eq!(ids(0, 10), ["appr-1", "appr-3", "appr-5", "appr-7"]);
         assert_eq!(ids(10, 10).len(), statuses.len());
-        // The store still keeps every record.
+        // The store still keeps every record, each found by its id.
         assert_eq!(s.approvals().expect("approvals").len(), statuses.len());
+        let old = s.approval("appr-1").expect("read").expect("kept");
+        assert_eq!(old.record["status"], "used");
+        assert_eq!(old.approval_id, "appr-1");
+        assert!(s.approval("appr-9").expect("read").is_none());
     });
 }
 

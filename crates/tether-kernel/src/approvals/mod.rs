@@ -153,7 +153,7 @@ impl Approval {
         v
     }
 
-    fn from_stored(row: &ApprovalRow) -> Option<Self> {
+    pub(crate) fn from_stored(row: &ApprovalRow) -> Option<Self> {
         let r = &row.record;
         let votes = r["votes"]
             .as_array()?

@@ -128,15 +128,42 @@ impl Kernel {
     /// Unknown id, or not the caller's and the caller is no operator.
     pub fn approvals_get(&self, p: &Principal, id: &str) -> Result<Value, ApiError> {
         self.sync_approvals();
-        let t = self
-            .inner
-            .approvals
-            .lock()
-            .map_err(|_| table_unavailable())?;
-        match t.by_id.get(id) {
-            Some(a) if p.operator || a.requester_id == p.id => Ok(a.to_json(now_ms())),
-            _ => Err(unknown(id)),
+        let found = {
+            let t = self
+                .inner
+                .approvals
+                .lock()
+                .map_err(|_| table_unavailable())?;
+            t.by_id.get(id).cloned()
+        };
+        // Memory holds the open approvals and the newest closed ones; an
+        // older one is read from the store, where every one is kept, and
+        // not brought back into memory (which stays bounded).
+        let a = match found {
+            Some(a) => a,
+            None => self.stored_approval(id)?.ok_or_else(|| unknown(id))?,
+        };
+        if p.operator || a.requester_id == p.id {
+            Ok(a.to_json(now_ms()))
+        } else {
+            Err(unknown(id))
         }
+    }
+
+    /// An approval that is not in memory, read from the store. A store that
+    /// cannot be read is said so, not taken for an unknown id.
+    fn stored_approval(&self, id: &str) -> Result<Option<Approval>, ApiError> {
+        if !id.starts_with("appr_") || id.len() > 64 {
+            return Ok(None);
+        }
+        let row = self.inner.store.approval(id).map_err(|e| {
+            ApiError::new(
+                Code::EvidenceUnavailable,
+                "the approval is not in memory and the store cannot be read now",
+                json!({"reason": "store_unavailable", "store_error": e.to_string()}),
+            )
+        })?;
+        Ok(row.as_ref().and_then(Approval::from_stored))
     }
 
     /// `mhs.approvals.decide`: one operator's vote.

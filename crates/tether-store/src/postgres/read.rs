@@ -168,6 +168,26 @@ impl Store for PgStore {
             .collect()
     }
 
+    fn approval(&self, approval_id: &str) -> Result<Option<ApprovalRow>, StoreError> {
+        let id = approval_id.to_owned();
+        let rows = self.call(move |pg| {
+            let rows = pg.query(
+                "SELECT approval_id, record FROM approvals WHERE approval_id = $1",
+                &[&id],
+            )?;
+            pairs(&rows)
+        })?;
+        rows.into_iter()
+            .next()
+            .map(|(approval_id, record)| {
+                Ok(ApprovalRow {
+                    record: json(&record, "approval", &approval_id)?,
+                    approval_id,
+                })
+            })
+            .transpose()
+    }
+
     fn approvals_to_restore(
         &self,
         open_max: usize,

@@ -44,6 +44,10 @@ use std::path::{Path, PathBuf};
 /// The journal file in a state directory, beside the database.
 pub const JOURNAL_FILE_NAME: &str = "tether.journal";
 
+/// Where a journal found beside a database that did not exist yet is copied
+/// before it starts again ([`Opened::set_aside`]).
+pub const SET_ASIDE_FILE_NAME: &str = "tether.journal.set-aside";
+
 /// The journal's size: about 2,500 records of a setpoint before the
 /// journal starts again (one batch committed with SQLite's full flush).
 pub(super) const JOURNAL_BYTES: u64 = 4 << 20;
@@ -140,16 +144,45 @@ pub(super) struct Opened {
     pub why_not: Option<String>,
 }
 
+/// What [`Opened::set_aside`] did.
+pub(super) struct SetAside {
+    /// How many records there were.
+    pub records: u64,
+    /// Why the copy failed, if it did.
+    pub copy_error: Option<String>,
+}
+
 impl Opened {
-    /// Sets the records aside unapplied and has the journal start again
-    /// (over them) at its first record; returns how many there were.
-    pub(super) fn forget_records(&mut self) -> u64 {
-        let n = self.records.len() as u64;
+    /// The position of the last record read, if any.
+    pub(super) fn last(&self) -> Option<Position> {
+        self.records.last().map(|r| Position {
+            generation: self.generation,
+            index: r.index,
+        })
+    }
+
+    /// Sets the records aside unapplied: the file is first copied to
+    /// [`SET_ASIDE_FILE_NAME`] (for an operator; nothing reads it back), then
+    /// the journal starts again over them. A failed copy is reported, and the
+    /// journal starts again all the same: its records must never reach this
+    /// database (which records them as held: `schema::migrate`).
+    pub(super) fn set_aside(&mut self, dir: &Path) -> SetAside {
+        let records = self.records.len() as u64;
+        if records == 0 {
+            return SetAside {
+                records,
+                copy_error: None,
+            };
+        }
         self.records.clear();
+        let copied = std::fs::copy(dir.join(JOURNAL_FILE_NAME), dir.join(SET_ASIDE_FILE_NAME));
         if let Some(j) = self.journal.as_mut() {
             j.covered();
         }
-        n
+        SetAside {
+            records,
+            copy_error: copied.err().map(|e| e.to_string()),
+        }
     }
 }
 

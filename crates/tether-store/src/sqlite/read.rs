@@ -139,6 +139,24 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    fn approval(&self, approval_id: &str) -> Result<Option<crate::ApprovalRow>, StoreError> {
+        let conn = self.read();
+        let record: Option<String> = conn
+            .prepare_cached("SELECT record FROM approvals WHERE approval_id = ?1")?
+            .query_row([approval_id], |r| r.get(0))
+            .optional()?;
+        record
+            .map(|text| {
+                let record: Value = serde_json::from_str(&text)
+                    .map_err(|e| corrupt_json("approval", approval_id, e))?;
+                Ok(crate::ApprovalRow {
+                    approval_id: approval_id.to_owned(),
+                    record,
+                })
+            })
+            .transpose()
+    }
+
     fn approvals_to_restore(
         &self,
         open_max: usize,

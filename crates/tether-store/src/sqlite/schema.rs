@@ -191,7 +191,14 @@ fn now_ms() -> i64 {
 
 /// Brings the schema up to [`SCHEMA_VERSION`], refusing a newer one.
 /// Returns whether the database was made by this call (it had no schema).
-pub(super) fn migrate(conn: &mut Connection) -> Result<bool, StoreError> {
+/// A database made here records `journal_held` (a journal position, "GEN
+/// INDEX") as the last journal record it holds, in the same transaction:
+/// the records already in the journal were written for another database,
+/// and no open of this one may apply them.
+pub(super) fn migrate(
+    conn: &mut Connection,
+    journal_held: Option<&str>,
+) -> Result<bool, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_version(
@@ -224,6 +231,12 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<bool, StoreError> {
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('created_ms', ?1)",
             params![now_ms().to_string()],
         )?;
+        if let Some(at) = journal_held {
+            tx.execute(
+                "INSERT INTO meta(key, value) VALUES ('journal_at', ?1)",
+                params![at],
+            )?;
+        }
     }
     tx.commit()?;
     Ok(current == 0)
