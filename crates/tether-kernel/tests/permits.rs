@@ -513,4 +513,15 @@ async fn an_old_closed_approval_a_restart_did_not_read_back_is_answered_from_the
         .approvals_get(&human("op", true), "appr_never_made")
         .expect_err("unknown");
     assert_eq!(e.code, Code::PolicyApprovalUnknown);
+    // A vote on it says it is closed, as it would in memory.
+    let e = k
+        .approvals_decide(&human("op2", true), &id, "approve", "late")
+        .await
+        .expect_err("closed");
+    assert_eq!(e.code, Code::PolicyApprovalClosed, "{e:?}");
+    let e = k
+        .approvals_decide(&human("op2", true), "appr_never_made", "deny", "")
+        .await
+        .expect_err("unknown");
+    assert_eq!(e.code, Code::PolicyApprovalUnknown);
 }

@@ -166,6 +166,17 @@ impl Kernel {
         Ok(row.as_ref().and_then(Approval::from_stored))
     }
 
+    /// Why a vote on an approval that is not in memory is refused: an old
+    /// closed one read from the store says it is closed (or why this voter
+    /// may not vote), as it would in memory; anything else is unknown.
+    fn vote_not_in_memory(&self, p: &Principal, id: &str, now: u64) -> ApiError {
+        match self.stored_approval(id) {
+            Err(e) => e,
+            Ok(None) => unknown(id),
+            Ok(Some(a)) => check_voter(p, &a, now).err().unwrap_or_else(|| unknown(id)),
+        }
+    }
+
     /// `mhs.approvals.decide`: one operator's vote.
     ///
     /// # Errors
@@ -196,7 +207,10 @@ impl Kernel {
                 .lock()
                 .map_err(|_| table_unavailable())?;
             let now = now_ms();
-            let a = t.by_id.get_mut(id).ok_or_else(|| unknown(id))?;
+            let Some(a) = t.by_id.get_mut(id) else {
+                drop(t);
+                return Err(self.vote_not_in_memory(p, id, now));
+            };
             check_voter(p, a, now)?;
             let before = a.status;
             a.votes.push(Vote {
