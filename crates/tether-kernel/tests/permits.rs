@@ -262,21 +262,44 @@ fn human(id: &str, operator: bool) -> Principal {
 
 /// A policy that allows everything: the permit rule alone asks for approval.
 async fn permissive_rig() -> (Kernel, Principal, String) {
+    permissive_rig_on("mixer-1", Arc::new(MemoryStore::new())).await
+}
+
+/// [`permissive_rig`] for hardware mixer `device` on `store`.
+async fn permissive_rig_on(device: &str, store: Arc<MemoryStore>) -> (Kernel, Principal, String) {
     let mut config = tether_kernel::KernelConfig::standard("t");
     config.policy = Some((
         "allow-all.cedar".into(),
         "@id(\"all\") permit(principal, action, resource);".into(),
     ));
     let k = common::single_device_kernel_with(
-        "mixer-1",
-        &manifest("hardware"),
+        device,
+        &manifest("hardware").replace("mixer-1", device),
         Arc::new(Mixer),
-        Arc::new(MemoryStore::new()),
+        store,
         config,
     );
     let p = Principal::local_agent();
     let sid = common::open_session(&k, &p).await;
     (k, p, sid)
+}
+
+/// Sends `req` (held: the permit rule asks for approval) and has operator
+/// "op" approve it; answers the approval's id.
+async fn held_then_approved(k: &Kernel, p: &Principal, req: &CommandRequest) -> String {
+    let r = k
+        .command(p, req.clone(), tether_kernel::CommandOptions::plain())
+        .await
+        .map(tether_kernel::Answer::into_value)
+        .expect("receipt");
+    let id = r["error"]["details"]["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_owned();
+    k.approvals_decide(&human("op", true), &id, "approve", "ok")
+        .await
+        .expect("vote");
+    id
 }
 
 #[tokio::test]
@@ -362,18 +385,7 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
     let (k, p, sid) = permissive_rig().await;
     let mut req = mix(&sid, 50.0, None);
     req.command_id = Some("mix-latched".into());
-    let r = k
-        .command(&p, req.clone(), tether_kernel::CommandOptions::plain())
-        .await
-        .map(tether_kernel::Answer::into_value)
-        .expect("receipt");
-    let id = r["error"]["details"]["approval_id"]
-        .as_str()
-        .expect("approval id")
-        .to_owned();
-    k.approvals_decide(&human("op", true), &id, "approve", "ok")
-        .await
-        .expect("vote");
+    let id = held_then_approved(&k, &p, &req).await;
     // A revision conflict: the whole order runs again and refuses after the
     // policy step; the approval is given back, not spent.
     let mut stale = req.clone();
@@ -418,37 +430,10 @@ async fn an_approved_command_refused_later_keeps_its_approval() {
 #[tokio::test]
 async fn an_old_closed_approval_a_restart_did_not_read_back_is_answered_from_the_store() {
     let store = Arc::new(MemoryStore::new());
-    let config = || {
-        let mut c = tether_kernel::KernelConfig::standard("t");
-        c.policy = Some((
-            "allow-all.cedar".into(),
-            "@id(\"all\") permit(principal, action, resource);".into(),
-        ));
-        c
-    };
-    let k = common::single_device_kernel_with(
-        "mixer-1",
-        &manifest("hardware"),
-        Arc::new(Mixer),
-        store.clone(),
-        config(),
-    );
-    let p = Principal::local_agent();
-    let sid = common::open_session(&k, &p).await;
+    let (k, p, sid) = permissive_rig_on("mixer-1", store.clone()).await;
     let mut req = mix(&sid, 120.0, None);
     req.command_id = Some("mix-old-1".into());
-    let r = k
-        .command(&p, req.clone(), tether_kernel::CommandOptions::plain())
-        .await
-        .map(tether_kernel::Answer::into_value)
-        .expect("receipt");
-    let id = r["error"]["details"]["approval_id"]
-        .as_str()
-        .expect("approval id")
-        .to_owned();
-    k.approvals_decide(&human("op", true), &id, "approve", "ok")
-        .await
-        .expect("vote");
+    let id = held_then_approved(&k, &p, &req).await;
     let done = k
         .command(&p, req, tether_kernel::CommandOptions::plain())
         .await
@@ -482,13 +467,7 @@ async fn an_old_closed_approval_a_restart_did_not_read_back_is_answered_from_the
 
     // Another endpoint on the store (the first one's lease on mixer-1 is
     // still live in this process): it restores the approvals all the same.
-    let k = common::single_device_kernel_with(
-        "mixer-2",
-        &manifest("hardware").replace("mixer-1", "mixer-2"),
-        Arc::new(Mixer),
-        store.clone(),
-        config(),
-    );
+    let (k, _, _) = permissive_rig_on("mixer-2", store.clone()).await;
     let listed = k
         .approvals_list(&human("op", true), Some("used"), Some(500), None)
         .expect("list");

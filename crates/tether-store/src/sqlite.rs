@@ -63,8 +63,8 @@ pub struct SqliteStore {
     journal: Arc<JournalCounters>,
     /// Why this store commits without the journal, if it does.
     journal_off: Option<String>,
-    /// Why a journal set aside at open could not be copied, if it could not.
-    set_aside_error: Option<String>,
+    /// What the open set aside of a journal written for another database.
+    set_aside: journal::SetAside,
     // Declared last: dropped after the writer has drained.
     _checkpointer: Checkpointer,
 }
@@ -162,7 +162,7 @@ impl SqliteStore {
         // answered commits whose WAL frames the disk lost: applied before
         // anything else is.
         let counters = Arc::new(JournalCounters::default());
-        let mut set_aside_error = None;
+        let mut set_aside = journal::SetAside::default();
         if created {
             // A database this open made holds nothing a journal could have
             // answered: records beside it belong to a store whose database
@@ -170,9 +170,7 @@ impl SqliteStore {
             // applying them would bring its entries, receipts and latches
             // back into a new store. The database already records them as
             // held, so no later open applies them either.
-            let aside = opened.set_aside(state_dir);
-            counters.discarded.store(aside.records, Ordering::Relaxed);
-            set_aside_error = aside.copy_error;
+            set_aside = opened.set_aside(state_dir);
         }
         let mut backend = SqliteBackend::new(conn, head, opened.journal, counters.clone());
         backend.replay(opened.records, opened.generation)?;
@@ -184,7 +182,7 @@ impl SqliteStore {
             path,
             journal: counters,
             journal_off: opened.why_not,
-            set_aside_error,
+            set_aside,
             _checkpointer: checkpointer,
         })
     }
@@ -224,8 +222,8 @@ impl SqliteStore {
             restarts: c.restarts.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),
             flushed_batches: c.flushed_batches.load(Ordering::Relaxed),
-            discarded: c.discarded.load(Ordering::Relaxed),
-            set_aside_error: self.set_aside_error.clone(),
+            discarded: self.set_aside.records,
+            set_aside_error: self.set_aside.copy_error.clone(),
         }
     }
 

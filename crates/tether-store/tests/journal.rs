@@ -90,6 +90,13 @@ fn copy_database(from: &Path, to: &Path) {
     }
 }
 
+/// `rm tether.db*`: the database and its WAL go, the journal stays.
+fn remove_database(dir: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.join(format!("{DB_FILE_NAME}{suffix}")));
+    }
+}
+
 #[test]
 fn every_batch_goes_through_the_journal_the_latch_of_an_estop_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -253,10 +260,7 @@ fn a_journal_left_beside_a_removed_database_is_not_applied_to_a_new_one() {
     s.commit_blocking(latch()).unwrap();
     s.commit_blocking(start("old-move")).unwrap();
     drop(s);
-    // `rm tether.db*`: the journal stays.
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(dir.path().join(format!("{DB_FILE_NAME}{suffix}")));
-    }
+    remove_database(dir.path());
     assert!(dir.path().join(JOURNAL_FILE_NAME).exists());
     let fresh = SqliteStore::open(dir.path()).unwrap();
     let st = fresh.journal_stats();
@@ -290,9 +294,7 @@ fn records_set_aside_stay_unapplied_even_before_the_journal_starts_again() {
     s.commit_blocking(setpoint("old", 1)).unwrap();
     s.commit_blocking(latch()).unwrap();
     drop(s);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(dir.path().join(format!("{DB_FILE_NAME}{suffix}")));
-    }
+    remove_database(dir.path());
     // Opened and closed with no commit: the journal file still holds the old
     // records (it starts again at its next record only).
     let fresh = SqliteStore::open(dir.path()).unwrap();

@@ -26,7 +26,6 @@ pub(super) struct JournalCounters {
     pub restarts: AtomicU64,
     pub replayed: AtomicU64,
     pub flushed_batches: AtomicU64,
-    pub discarded: AtomicU64,
     /// Off, every batch commits with SQLite's flush (a benchmark's switch:
     /// [`super::SqliteStore::set_journal`]).
     pub off: std::sync::atomic::AtomicBool,

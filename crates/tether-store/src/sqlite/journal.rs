@@ -145,6 +145,7 @@ pub(super) struct Opened {
 }
 
 /// What [`Opened::set_aside`] did.
+#[derive(Debug, Default)]
 pub(super) struct SetAside {
     /// How many records there were.
     pub records: u64,
@@ -169,10 +170,7 @@ impl Opened {
     pub(super) fn set_aside(&mut self, dir: &Path) -> SetAside {
         let records = self.records.len() as u64;
         if records == 0 {
-            return SetAside {
-                records,
-                copy_error: None,
-            };
+            return SetAside::default();
         }
         self.records.clear();
         let copied = std::fs::copy(dir.join(JOURNAL_FILE_NAME), dir.join(SET_ASIDE_FILE_NAME));
