@@ -746,6 +746,25 @@ fn trickling(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// A trickling connection that holds the one admitted slot (bound 1) with
+/// its request in flight. The server may read a new connection before its
+/// client's bytes arrive; it is quiet then, and the next connection sheds
+/// it (by design: it looked stalled). So each try is proven by a probe on
+/// a second connection: refused `429` means the first was not quiet when
+/// the probe came, and its bytes, sent before the probe, make it busy. A
+/// probe served instead took the slot; the next try's connection sheds it.
+fn held_in_flight(addr: SocketAddr) -> TcpStream {
+    for _ in 0..10 {
+        let held = trickling(addr);
+        let probe = http_post(addr, &rpc("mhs.hello", json!({})), TIMEOUT);
+        if probe.status == 429 {
+            return held;
+        }
+        assert_eq!(probe.status, 200, "{}", probe.text());
+    }
+    panic!("no trickling connection was in flight after 10 tries");
+}
+
 /// Everything the server sends on `s` until it closes it.
 fn read_until_closed(s: &mut TcpStream) -> Vec<u8> {
     s.set_read_timeout(Some(TIMEOUT)).expect("read timeout");
@@ -777,7 +796,7 @@ fn bodies_trickled_in_on_screened_connections_never_hold_the_room_kept_for_an_es
         None,
     )
     .listening();
-    let _held = trickling(s.addr);
+    let _held = held_in_flight(s.addr);
     let mut screened: Vec<TcpStream> = (0..64).map(|_| trickling(s.addr)).collect();
     let r = http_post(s.addr, &estop_body("arm-1"), TIMEOUT);
     assert_eq!(r.status, 200, "{}", r.text());
