@@ -21,6 +21,7 @@ use tether_kernel::{
     Authorized, BoxFuture, CancelToken, CommandRequest, Driver, Kernel, KernelConfig, Principal,
     SessionOpen, Signal,
 };
+use tether_store::faulty::FaultyStore;
 use tether_store::{Commit, SqliteStore, Store};
 
 /// The site's budget: 25 mL of doses per rolling hour (beside the binding's
@@ -89,13 +90,18 @@ impl Driver for Pump {
 struct Endpoint {
     k: Kernel,
     pump: Arc<Pump>,
-    store: Arc<SqliteStore>,
+    store: Arc<dyn Store>,
     p: Principal,
     sid: String,
 }
 
 /// One kernel on its own handle of the store in `dir`.
 async fn endpoint(dir: &Path, mode: &str) -> Endpoint {
+    endpoint_on(Arc::new(SqliteStore::open(dir).expect("store")), mode).await
+}
+
+/// One kernel on `store` (a handle of its own, wrapped or not).
+async fn endpoint_on(store: Arc<dyn Store>, mode: &str) -> Endpoint {
     let cell = load(
         &[ManifestSource {
             origin: "pump-1.toml".into(),
@@ -107,7 +113,6 @@ async fn endpoint(dir: &Path, mode: &str) -> Endpoint {
         }),
     )
     .expect("loads");
-    let store = Arc::new(SqliteStore::open(dir).expect("store"));
     let pump = Arc::new(Pump::default());
     let mut drivers: HashMap<String, Arc<dyn Driver>> = HashMap::new();
     drivers.insert("pump-1".into(), pump.clone());
@@ -309,6 +314,63 @@ async fn a_physical_call_refused_by_a_disarm_made_elsewhere_draws_nothing_from_t
     let a = endpoint(dir.path(), "hardware").await;
     let r = a.dose(25.0).await;
     assert_eq!(r["status"], "completed", "{r}");
+}
+
+/// The stop is read again right before dispatch, once the admission is
+/// durable: a disarm another endpoint makes while this one's admission waits
+/// for the store refuses the call, although the read before the admission
+/// let it through, and what it drew is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disarm_made_elsewhere_while_the_admission_is_written_refuses_the_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faulty = Arc::new(FaultyStore::new(Arc::new(
+        SqliteStore::open(dir.path()).expect("store"),
+    )));
+    let b = Arc::new(endpoint_on(faulty.clone(), "hardware").await);
+    let r = b.dose(5.0).await;
+    assert_eq!(r["status"], "completed", "{r}");
+
+    // The next admission waits, as for a database another process holds.
+    faulty.hold_writes.store(true, Ordering::SeqCst);
+    let call = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { b.dose(10.0).await })
+    };
+    for _ in 0..500 {
+        if faulty.held_commits.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        faulty.held_commits.load(Ordering::SeqCst),
+        1,
+        "the admission waits"
+    );
+    let other = SqliteStore::open(dir.path()).expect("store");
+    other
+        .commit_blocking(Commit {
+            latches: vec![tether_kernel::governed::arming_row(
+                "pump-1",
+                false,
+                json!({"at_ms": tether_core::receipt::now_ms() + 1, "reason": "elsewhere"}),
+            )],
+            ..Commit::default()
+        })
+        .expect("disarm");
+    faulty.hold_writes.store(false, Ordering::SeqCst);
+    let r = call.await.expect("call");
+    assert_eq!(r["error"]["mhs_code"], "MHS.AUTH.HARDWARE_DISABLED", "{r}");
+    assert_eq!(b.pump.calls.load(Ordering::SeqCst), 1, "only the first ran");
+    // Refused after its admission was durable: the admission is on record,
+    // its open operation closed and its draw given back.
+    assert_eq!(admitted_entries(&other), 2);
+    assert!(other.open_ops().expect("open ops").is_empty());
+    let drawn = b.stored_draws();
+    assert!(
+        (drawn - 5.0).abs() < 1e-9,
+        "only the first dose counts: {drawn}"
+    );
 }
 
 /// A simulated call that draws a budget has its admission made durable

@@ -32,6 +32,8 @@ pub struct FaultyStore {
     /// While set, a read of the receipt digests waits (up to
     /// [`HOLD_WRITES_BUSY_TIMEOUT`]), then reads.
     pub hold_index: AtomicBool,
+    /// Commits waiting now because `hold_writes` is set.
+    pub held_commits: AtomicU64,
 }
 
 /// How long a commit held by `hold_writes` (or a read held by
@@ -49,12 +51,16 @@ impl FaultyStore {
             receipt_reads: AtomicU64::new(0),
             hold_writes: AtomicBool::new(false),
             hold_index: AtomicBool::new(false),
+            held_commits: AtomicU64::new(0),
         }
     }
 
     /// Waits while writes are held; `false` once the busy timeout passed.
     fn wait_for_writes(&self) -> bool {
-        wait_while(&self.hold_writes)
+        self.held_commits.fetch_add(1, Ordering::SeqCst);
+        let through = wait_while(&self.hold_writes);
+        self.held_commits.fetch_sub(1, Ordering::SeqCst);
+        through
     }
 
     fn read_check(&self) -> Result<(), StoreError> {
