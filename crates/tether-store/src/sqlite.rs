@@ -12,7 +12,7 @@
 //! |---|---|
 //! | `schema` | the numbered migrations and `schema_version` |
 //! | `head` | the chain head: checked at open, recorded in `meta` |
-//! | `apply` | the writer's backend: one transaction per batch |
+//! | `apply` | the writer's backend: one transaction per batch (`apply::replay`: a journal's records applied at open, or adopted from a process that died) |
 //! | `journal` | the record flushed before a batch's unflushed commit (its bytes: `journal::codec`), and its replay |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
@@ -93,6 +93,9 @@ pub struct JournalStats {
     pub restarts: u64,
     /// Records applied again when the store opened.
     pub replayed: u64,
+    /// Records applied from a journal another process on the store wrote and
+    /// left when it died (this one then writes the journal).
+    pub adopted: u64,
     /// Batches committed with SQLite's flush while the journal was active.
     pub flushed_batches: u64,
     /// Records found beside a database this open created, so written for
@@ -172,7 +175,11 @@ impl SqliteStore {
             // held, so no later open applies them either.
             set_aside = opened.set_aside(state_dir);
         }
-        let mut backend = SqliteBackend::new(conn, head, opened.journal, counters.clone());
+        // While another process writes the journal, this one applies what it
+        // leaves should it die, before its own next batch.
+        let adopt_from = opened.held_elsewhere.then(|| state_dir.to_path_buf());
+        let mut backend =
+            SqliteBackend::new(conn, head, opened.journal, counters.clone(), adopt_from);
         backend.replay(opened.records, opened.generation)?;
         let writer = Writer::spawn_inline(backend, "tether-store-writer")?;
         let checkpointer = Checkpointer::spawn(&path, writer.idle_gate())?;
@@ -212,12 +219,30 @@ impl SqliteStore {
         self.journal.off.store(!on, Ordering::Relaxed);
     }
 
+    /// For tests of a process killed between a record's flush and its
+    /// commit: the next batch that goes through the journal stops there as
+    /// such a process would (its transaction gone, the journal's lock
+    /// released with the record in it, its callers answered `Closed`), and
+    /// every later commit fails `Closed`.
+    #[doc(hidden)]
+    pub fn crash_after_next_record(&self) {
+        self.journal
+            .crash_after_record
+            .store(true, Ordering::Relaxed);
+    }
+
     /// What the journal did since the store opened.
     pub fn journal_stats(&self) -> JournalStats {
         let c = &self.journal;
+        let active = c.active.load(Ordering::Relaxed);
         JournalStats {
-            active: self.journal_off.is_none(),
-            why_off: self.journal_off.clone(),
+            active,
+            why_off: if active {
+                None
+            } else {
+                self.journal_off.clone()
+            },
+            adopted: c.adopted.load(Ordering::Relaxed),
             records: c.records.load(Ordering::Relaxed),
             restarts: c.restarts.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),

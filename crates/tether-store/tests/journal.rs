@@ -244,12 +244,93 @@ fn a_second_handle_on_the_store_commits_with_sqlites_flush() {
     first.commit_blocking(setpoint("one", 1)).unwrap();
     second.commit_blocking(setpoint("two", 2)).unwrap();
     first.commit_blocking(setpoint("three", 3)).unwrap();
-    assert_eq!(second.journal_stats().records, 0);
+    second.commit_blocking(setpoint("four", 4)).unwrap();
+    // The journal stays the live first process's: nothing of it is applied
+    // or taken over by the second.
+    let st = second.journal_stats();
+    assert_eq!((st.records, st.adopted, st.active), (0, 0, false), "{st:?}");
     assert_eq!(first.journal_stats().records, 2);
     drop((first, second));
     let report = verify_store(dir.path()).unwrap();
     assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 3);
+    assert_eq!(report.entries, 4);
+}
+
+/// Two endpoints on one state directory: the first writes the journal and
+/// is killed between a record's flush and its commit (its callers may have
+/// been answered: the flushed record is what makes a commit durable). The
+/// second, still running, must apply that record before its own next batch:
+/// committing from the head without it would leave it unappliable, and its
+/// command's id could run again.
+#[test]
+fn a_record_a_killed_process_left_is_applied_by_the_other_process_before_its_own_next_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = SqliteStore::open(dir.path()).unwrap();
+    let second = SqliteStore::open(dir.path()).unwrap();
+    first.commit_blocking(setpoint("one", 1)).unwrap();
+    first.crash_after_next_record();
+    assert!(matches!(
+        first.commit_blocking(setpoint("two", 2)),
+        Err(StoreError::Closed)
+    ));
+    // Killed: the record of "two" is in the journal, not in the database.
+    assert!(second.receipt("two").unwrap().is_none());
+    drop(first);
+
+    second.commit_blocking(setpoint("three", 3)).unwrap();
+    let st = second.journal_stats();
+    assert_eq!(st.adopted, 1, "{st:?}");
+    assert!(st.active, "it writes the journal now: {st:?}");
+    assert!(second.receipt("two").unwrap().is_some());
+    let ids: Vec<String> = second
+        .chain_tail(10)
+        .unwrap()
+        .iter()
+        .map(|e| e["body"]["command_id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(ids, ["one", "two", "three"]);
+    // And it keeps the journal as its own: its next commit is a record.
+    second.commit_blocking(setpoint("four", 4)).unwrap();
+    assert_eq!(second.journal_stats().records, 1);
+    drop(second);
+    let report = verify_store(dir.path()).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, 4);
+    // Opened again, nothing is applied twice.
+    let again = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(again.journal_stats().replayed, 0);
+    assert_eq!(again.chain_head().unwrap().map(|(seq, _)| seq), Some(4));
+}
+
+/// A dead process's record that would rebuild another head (here: its
+/// receipt indexed already, written by hand) refuses the surviving process's
+/// commits as corrupt, each time, and nothing is committed past it: the
+/// batch that tried to adopt it keeps nothing, the journal included.
+#[test]
+fn a_dead_process_s_record_that_would_rebuild_another_head_refuses_the_other_s_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = SqliteStore::open(dir.path()).unwrap();
+    let second = SqliteStore::open(dir.path()).unwrap();
+    first.commit_blocking(setpoint("one", 1)).unwrap();
+    first.crash_after_next_record();
+    assert!(first.commit_blocking(setpoint("two", 2)).is_err());
+    drop(first);
+    let db = rusqlite::Connection::open(dir.path().join(DB_FILE_NAME)).unwrap();
+    db.execute(
+        "INSERT INTO receipts(seq, command_id, input_digest) VALUES (99, 'two', 'sha256:00')",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    for id in ["three", "four"] {
+        match second.commit_blocking(setpoint(id, 3)) {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("journal"), "{why}"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        let st = second.journal_stats();
+        assert_eq!((st.adopted, st.active), (0, false), "{st:?}");
+    }
+    assert_eq!(second.chain_head().unwrap().map(|(seq, _)| seq), Some(1));
 }
 
 #[test]

@@ -8,15 +8,18 @@
 //! Never here: validation or serialisation of a commit (done on the caller's
 //! thread, in `prepare`), or reads answered to callers (`read`).
 
+mod replay;
+
 use super::head::{load_head, seq_from_db, seq_to_db, Head};
-use super::journal::{self, Journal, Record};
+use super::journal::{self, Journal};
 use crate::chain::seal;
 use crate::prepare::{PreparedEvent, PreparedLatch, PreparedReceipt};
 use crate::writer::{Backend, Job};
 use crate::{ApprovalRow, BudgetRow, CommitAck, InvocationRef, OpenOp, RevisionRow, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The journal's counters, read by [`super::SqliteStore::journal_stats`].
@@ -26,9 +29,16 @@ pub(super) struct JournalCounters {
     pub restarts: AtomicU64,
     pub replayed: AtomicU64,
     pub flushed_batches: AtomicU64,
+    /// Records applied from a journal a dead process left (`adopt_journal`).
+    pub adopted: AtomicU64,
+    /// Whether this process writes the journal now.
+    pub active: AtomicBool,
     /// Off, every batch commits with SQLite's flush (a benchmark's switch:
     /// [`super::SqliteStore::set_journal`]).
-    pub off: std::sync::atomic::AtomicBool,
+    pub off: AtomicBool,
+    /// Tests only ([`super::SqliteStore::crash_after_next_record`]): the next
+    /// journalled batch stops as a killed process would, after its record.
+    pub crash_after_record: AtomicBool,
 }
 
 /// The writer's backend: the only write connection and the chain it extends.
@@ -44,6 +54,13 @@ pub(super) struct SqliteBackend {
     record_meta: Vec<u8>,
     record_body: Vec<u8>,
     counters: Arc<JournalCounters>,
+    /// The state directory, while another process writes its journal: that
+    /// process may die between a record's flush and its commit, and this
+    /// one must then apply the record before anything of its own
+    /// (`adopt_journal`).
+    adopt_from: Option<PathBuf>,
+    /// Stopped as a killed process would (tests only): every batch fails.
+    crashed: bool,
 }
 
 /// The writer's state beside its connection (kept apart so a batch can hold
@@ -109,7 +126,9 @@ impl SqliteBackend {
         head: Head,
         journal: Option<Journal>,
         counters: Arc<JournalCounters>,
+        adopt_from: Option<PathBuf>,
     ) -> Self {
+        counters.active.store(journal.is_some(), Ordering::Relaxed);
         Self {
             conn,
             chain: ChainState {
@@ -123,6 +142,8 @@ impl SqliteBackend {
             record_meta: Vec::with_capacity(256),
             record_body: Vec::with_capacity(4096),
             counters,
+            adopt_from,
+            crashed: false,
         }
     }
 
@@ -156,15 +177,24 @@ impl SqliteBackend {
         results: &mut Vec<Result<CommitAck, StoreError>>,
         journalled: bool,
     ) -> Result<(), StoreError> {
+        if self.crashed {
+            return Err(StoreError::Closed);
+        }
         // IMMEDIATE takes the write lock now, so the head check below cannot
         // race with another process appending.
         self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         self.reconcile_head()?;
+        // Only a store without the journal adopts one: its batch commits
+        // with SQLite's flush, below.
+        let adopted = self.adopt_journal()?;
         let start = self.chain.head.clone();
         self.apply_jobs(batch, ts_ms, results)?;
         let Some(j) = self.journal.as_mut().filter(|_| journalled) else {
             // SQLite's flush of its WAL covers every earlier record too.
             commit(&self.conn)?;
+            if let Some(adopted) = adopted {
+                self.take_over(adopted);
+            }
             if let Some(j) = self.journal.as_mut() {
                 j.covered();
                 self.counters
@@ -178,6 +208,9 @@ impl SqliteBackend {
         let (meta, head) = (&mut self.record_meta, &self.chain.head);
         journal::encode_meta(meta, at_position.index, ts_ms, &start, head);
         let at = j.append(&self.record_meta, &self.record_body)?;
+        if self.counters.crash_after_record.load(Ordering::Relaxed) {
+            return Err(self.crash());
+        }
         if let Err(e) = commit(&self.conn) {
             // Its callers are told it failed: the record must not stand.
             j.void(at);
@@ -208,97 +241,6 @@ impl SqliteBackend {
         }
         self.write_batch_revisions()?;
         self.record_head()
-    }
-
-    /// Applies the journal's records after the position the database
-    /// committed last, in order, each with SQLite's flush; returns how many.
-    /// A record rebuilds exactly the head it recorded, or the store is
-    /// refused as corrupt.
-    pub(super) fn replay(
-        &mut self,
-        records: Vec<Record>,
-        generation: u64,
-    ) -> Result<usize, StoreError> {
-        // The usual open, after a clean stop or a kill that lost no flushed
-        // write: every record is already in the database. Taking the write
-        // lock only when one is not also lets a store on a read-only disk open.
-        let committed = read_journal_at(&self.conn)?;
-        if let Some(j) = self.journal.as_mut() {
-            j.follow(committed);
-        }
-        let newer = |r: &Record| {
-            let at = journal::Position {
-                generation,
-                index: r.index,
-            };
-            at.after(committed)
-        };
-        if !records.iter().any(newer) {
-            return Ok(0);
-        }
-        self.set_full_sync(true)?;
-        let mut results = Vec::new();
-        let mut applied = 0;
-        // Each step applies one record or stops: bounded by their number.
-        for record in records.into_iter().filter(|r| newer(r)) {
-            let saved = self.chain.head.clone();
-            let at = journal::Position {
-                generation,
-                index: record.index,
-            };
-            match self.replay_one(record, at, &mut results) {
-                Ok(true) => applied += 1,
-                Ok(false) => break,
-                Err(e) => {
-                    let _ = self.conn.execute_batch("ROLLBACK");
-                    self.chain.head = saved;
-                    return Err(e);
-                }
-            }
-        }
-        if applied > 0 {
-            if let Some(j) = self.journal.as_mut() {
-                j.covered();
-            }
-        }
-        self.counters
-            .replayed
-            .store(applied as u64, Ordering::Relaxed);
-        Ok(applied)
-    }
-
-    /// One record the database lacks, applied if it starts at the database's
-    /// head. One that does not is a batch a killed process flushed and never
-    /// committed (nor answered), after which another process committed: it
-    /// is left, and so is every record after it.
-    fn replay_one(
-        &mut self,
-        record: Record,
-        at: journal::Position,
-        results: &mut Vec<Result<CommitAck, StoreError>>,
-    ) -> Result<bool, StoreError> {
-        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        self.reconcile_head()?;
-        if record.start != self.chain.head {
-            self.conn.execute_batch("ROLLBACK")?;
-            return Ok(false);
-        }
-        let jobs: Vec<Job> = record.commits.into_iter().map(Job::replayed).collect();
-        results.clear();
-        self.apply_jobs(&jobs, record.ts_ms, results)?;
-        if self.chain.head != record.end {
-            return Err(StoreError::Corrupt(format!(
-                "the journal's record from seq {} rebuilds seq {} {}, not the recorded seq {} {}",
-                record.start.seq,
-                self.chain.head.seq,
-                self.chain.head.hash,
-                record.end.seq,
-                record.end.hash
-            )));
-        }
-        record_journal_at(&self.conn, at)?;
-        commit(&self.conn)?;
-        Ok(true)
     }
 
     /// Keeps the chain's head (seq and hash) in `meta`, in the same

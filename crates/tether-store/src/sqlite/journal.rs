@@ -142,6 +142,12 @@ pub(super) struct Opened {
     pub generation: u64,
     /// Why there is no journal, when there is none.
     pub why_not: Option<String>,
+    /// Another process holds the journal: it is alive, and it writes the
+    /// records (none were read).
+    pub held_elsewhere: bool,
+    /// The records were read under the journal's lock: no live process can
+    /// be writing any of them.
+    pub locked: bool,
 }
 
 /// What [`Opened::set_aside`] did.
@@ -212,6 +218,8 @@ impl Journal {
                     records: Vec::new(),
                     generation: 0,
                     why_not: Some("another process on this store holds the journal".into()),
+                    held_elsewhere: true,
+                    locked: false,
                 });
             }
             Err(std::fs::TryLockError::Error(e)) => {
@@ -243,6 +251,8 @@ impl Journal {
             records: scanned.records,
             generation: scanned.generation,
             why_not,
+            held_elsewhere: false,
+            locked: true,
         })
     }
 
@@ -264,6 +274,8 @@ impl Journal {
             records: scanned.records,
             generation: scanned.generation,
             why_not: Some(why),
+            held_elsewhere: false,
+            locked: false,
         })
     }
 
