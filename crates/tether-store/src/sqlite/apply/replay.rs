@@ -186,9 +186,16 @@ impl SqliteBackend {
         self.counters
             .adopted
             .fetch_add(adopted.records, Ordering::Relaxed);
+        if adopted.records > 0 {
+            tracing::warn!(
+                records = adopted.records,
+                "another process on this evidence store died between flushing its journal and committing; its records were applied before this process's next commit"
+            );
+        }
         let Some(mut j) = adopted.journal else {
             return;
         };
+        tracing::info!("this process now writes the evidence store's journal (the process that wrote it is gone)");
         j.follow(adopted.at);
         self.journal = Some(j);
         self.adopt_from = None;
