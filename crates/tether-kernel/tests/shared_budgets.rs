@@ -177,6 +177,20 @@ impl Endpoint {
     }
 }
 
+/// Another endpoint arms or disarms the pump, `after_ms` from now.
+fn set_arming(other: &SqliteStore, armed: bool, after_ms: u64, reason: &str) {
+    other
+        .commit_blocking(Commit {
+            latches: vec![tether_kernel::governed::arming_row(
+                "pump-1",
+                armed,
+                json!({"at_ms": tether_core::receipt::now_ms() + after_ms, "reason": reason}),
+            )],
+            ..Commit::default()
+        })
+        .expect("arming");
+}
+
 fn admitted_entries(store: &dyn Store) -> usize {
     store
         .chain_tail(10_000)
@@ -280,16 +294,7 @@ async fn a_physical_call_refused_by_a_disarm_made_elsewhere_draws_nothing_from_t
     // Another endpoint disarms the pump. This kernel runs no stop watcher,
     // so it learns of it only by re-reading the store before dispatch.
     let other = SqliteStore::open(dir.path()).expect("store");
-    other
-        .commit_blocking(Commit {
-            latches: vec![tether_kernel::governed::arming_row(
-                "pump-1",
-                false,
-                json!({"at_ms": tether_core::receipt::now_ms() + 1, "reason": "elsewhere"}),
-            )],
-            ..Commit::default()
-        })
-        .expect("disarm");
+    set_arming(&other, false, 1, "elsewhere");
     let r = b.dose(10.0).await;
     assert_eq!(r["error"]["mhs_code"], "MHS.AUTH.HARDWARE_DISABLED", "{r}");
     assert_eq!(b.pump.calls.load(Ordering::SeqCst), 0);
@@ -301,16 +306,7 @@ async fn a_physical_call_refused_by_a_disarm_made_elsewhere_draws_nothing_from_t
     assert!(other.open_ops().expect("open ops").is_empty());
     // So the whole budget is there for the next call, on any endpoint (an
     // operator armed the pump again meanwhile).
-    other
-        .commit_blocking(Commit {
-            latches: vec![tether_kernel::governed::arming_row(
-                "pump-1",
-                true,
-                json!({"at_ms": tether_core::receipt::now_ms() + 2, "reason": "shift start"}),
-            )],
-            ..Commit::default()
-        })
-        .expect("arm");
+    set_arming(&other, true, 2, "shift start");
     let a = endpoint(dir.path(), "hardware").await;
     let r = a.dose(25.0).await;
     assert_eq!(r["status"], "completed", "{r}");
@@ -348,16 +344,7 @@ async fn a_disarm_made_elsewhere_while_the_admission_is_written_refuses_the_call
         "the admission waits"
     );
     let other = SqliteStore::open(dir.path()).expect("store");
-    other
-        .commit_blocking(Commit {
-            latches: vec![tether_kernel::governed::arming_row(
-                "pump-1",
-                false,
-                json!({"at_ms": tether_core::receipt::now_ms() + 1, "reason": "elsewhere"}),
-            )],
-            ..Commit::default()
-        })
-        .expect("disarm");
+    set_arming(&other, false, 1, "elsewhere");
     faulty.hold_writes.store(false, Ordering::SeqCst);
     let r = call.await.expect("call");
     assert_eq!(r["error"]["mhs_code"], "MHS.AUTH.HARDWARE_DISABLED", "{r}");

@@ -256,6 +256,21 @@ fn a_second_handle_on_the_store_commits_with_sqlites_flush() {
     assert_eq!(report.entries, 4);
 }
 
+/// Two handles on the store in `dir`: the first writes the journal, commits
+/// "one", and is killed right after flushing the record of "two"; the
+/// second, opened beside it, is returned.
+fn beside_a_killed_writer(dir: &Path) -> SqliteStore {
+    let first = SqliteStore::open(dir).unwrap();
+    let second = SqliteStore::open(dir).unwrap();
+    first.commit_blocking(setpoint("one", 1)).unwrap();
+    first.crash_after_next_record();
+    assert!(matches!(
+        first.commit_blocking(setpoint("two", 2)),
+        Err(StoreError::Closed)
+    ));
+    second
+}
+
 /// Two endpoints on one state directory: the first writes the journal and
 /// is killed between a record's flush and its commit (its callers may have
 /// been answered: the flushed record is what makes a commit durable). The
@@ -265,17 +280,9 @@ fn a_second_handle_on_the_store_commits_with_sqlites_flush() {
 #[test]
 fn a_record_a_killed_process_left_is_applied_by_the_other_process_before_its_own_next_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let first = SqliteStore::open(dir.path()).unwrap();
-    let second = SqliteStore::open(dir.path()).unwrap();
-    first.commit_blocking(setpoint("one", 1)).unwrap();
-    first.crash_after_next_record();
-    assert!(matches!(
-        first.commit_blocking(setpoint("two", 2)),
-        Err(StoreError::Closed)
-    ));
+    let second = beside_a_killed_writer(dir.path());
     // Killed: the record of "two" is in the journal, not in the database.
     assert!(second.receipt("two").unwrap().is_none());
-    drop(first);
 
     second.commit_blocking(setpoint("three", 3)).unwrap();
     let st = second.journal_stats();
@@ -309,12 +316,7 @@ fn a_record_a_killed_process_left_is_applied_by_the_other_process_before_its_own
 #[test]
 fn a_dead_process_s_record_that_would_rebuild_another_head_refuses_the_other_s_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let first = SqliteStore::open(dir.path()).unwrap();
-    let second = SqliteStore::open(dir.path()).unwrap();
-    first.commit_blocking(setpoint("one", 1)).unwrap();
-    first.crash_after_next_record();
-    assert!(first.commit_blocking(setpoint("two", 2)).is_err());
-    drop(first);
+    let second = beside_a_killed_writer(dir.path());
     let db = rusqlite::Connection::open(dir.path().join(DB_FILE_NAME)).unwrap();
     db.execute(
         "INSERT INTO receipts(seq, command_id, input_digest) VALUES (99, 'two', 'sha256:00')",
