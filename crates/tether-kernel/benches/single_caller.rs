@@ -14,6 +14,9 @@
 //!   default). `*_journal_ab`: the same run's blocks with the journal off
 //!   (SQLite's `COMMIT` flushing the WAL itself, `synchronous=FULL`, as the
 //!   store did before it) against those with it on, blocks alternating.
+//!   `*_early_write_ab`: the journal's record on its way to the disk while
+//!   the batch's last statements run (the shipped default) against flushed
+//!   before them, in blocks of the same run (a third of the blocks each).
 //! - `single_physical_us`: the same thermostat declared `hardware` (the
 //!   simulated driver behind it): the durable start, then the receipt.
 //!
@@ -232,20 +235,25 @@ fn run(
     let session = common::open_session(&rt, &k, &p);
     let label = name.to_owned();
     let mut probe = Probe::open(&state);
-    let (samples, samples_off, flushes) = rt.block_on(async move {
+    let (samples, samples_off, samples_serial, flushes) = rt.block_on(async move {
         let caller = tokio::spawn(async move {
             let mut samples = Vec::with_capacity(commands);
             let mut samples_off = Vec::with_capacity(commands);
+            let mut samples_serial = Vec::with_capacity(commands);
             let mut flushes = Vec::with_capacity(commands);
-            let mut journal = true;
+            let (mut journal, mut early) = (true, true);
             let mut out = Vec::with_capacity(4096);
             for n in 0..commands {
                 if n % BLOCK == 0 {
                     // The probe blocks this worker, as the bench means it to:
                     // nothing else runs meanwhile.
                     probe.samples(BLOCK, &mut flushes);
-                    journal = !ab || (n / BLOCK).is_multiple_of(2);
+                    // Blocks in turn when `ab`: early write, record flushed
+                    // first, journal off.
+                    let turn = if ab { (n / BLOCK) % 3 } else { 0 };
+                    (journal, early) = (turn != 2, turn != 1);
                     switch.set_journal(journal);
+                    switch.set_early_write(early);
                 }
                 let req = common::setpoint(&session, 20.0 + (n % 50) as f64);
                 let t = Instant::now();
@@ -256,15 +264,17 @@ fn run(
                 out.clear();
                 answer.write_json(&mut out);
                 let took = t.elapsed().as_nanos();
-                if journal {
+                if journal && early {
                     samples.push(took);
+                } else if journal {
+                    samples_serial.push(took);
                 } else {
                     samples_off.push(took);
                 }
                 assert_eq!(answer.status(), Some("completed"), "{label}");
                 assert!(!answer.not_durable(), "{label}");
             }
-            (samples, samples_off, flushes)
+            (samples, samples_off, samples_serial, flushes)
         });
         caller.await.expect("caller")
     });
@@ -282,6 +292,13 @@ fn run(
             mean_us(&samples),
             mean_us(&samples_off),
             samples_off.len()
+        );
+        let (ser50, ser99) = percentiles(samples_serial.clone());
+        println!(
+            "FIGURE {name}_early_write_ab on_p50={on50:.1} flush_first_p50={ser50:.1} on_p99={on99:.1} flush_first_p99={ser99:.1} on_mean={:.1} flush_first_mean={:.1} commands_each={}",
+            mean_us(&samples),
+            mean_us(&samples_serial),
+            samples_serial.len()
         );
     }
     let command_mean = mean_us(&samples);

@@ -1,6 +1,6 @@
 //! The SQLite store: one `tether.db` per state directory.
 //!
-//! Durability: WAL journal. Each batch is first written as one record to
+//! Durability: WAL journal. Each batch is written as one record to
 //! Tether's own journal file (`tether.journal`) and flushed there, then
 //! committed with `synchronous=NORMAL`; a batch too large for the journal
 //! commits with `synchronous=FULL`, so its `COMMIT` returns only after the
@@ -12,7 +12,7 @@
 //! |---|---|
 //! | `schema` | the numbered migrations and `schema_version` |
 //! | `head` | the chain head: checked at open, recorded in `meta` |
-//! | `apply` | the writer's backend: one transaction per batch (`apply::replay`: a journal's records applied at open, or adopted from a process that died) |
+//! | `apply` | the writer's backend: one transaction per batch (`apply::rows`: one commit's checks, sealed entries and rows; `apply::replay`: a journal's records applied at open, or adopted from a process that died) |
 //! | `journal` | the record flushed before a batch's unflushed commit (its bytes: `journal::codec`), and its replay |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
@@ -219,7 +219,15 @@ impl SqliteStore {
         self.journal.off.store(!on, Ordering::Relaxed);
     }
 
-    /// For tests of a process killed between a record's flush and its
+    /// Whether a journalled batch's last statements run while its record
+    /// goes to the disk (on by default). Off, the record is flushed before
+    /// them: for benchmarks that compare the two in one run.
+    #[doc(hidden)]
+    pub fn set_early_write(&self, on: bool) {
+        self.journal.flush_first.store(!on, Ordering::Relaxed);
+    }
+
+    /// For tests of a process killed between a record's write and its
     /// commit: the next batch that goes through the journal stops there as
     /// such a process would (its transaction gone, the journal's lock
     /// released with the record in it, its callers answered `Closed`), and
@@ -229,6 +237,14 @@ impl SqliteStore {
         self.journal
             .crash_after_record
             .store(true, Ordering::Relaxed);
+    }
+
+    /// For tests of a disk that fails a flush: the next batch that goes
+    /// through the journal finds its record's flush failed, as a disk's I/O
+    /// error would.
+    #[doc(hidden)]
+    pub fn fail_next_journal_flush(&self) {
+        self.journal.fail_flush.store(true, Ordering::Relaxed);
     }
 
     /// What the journal did since the store opened.

@@ -390,3 +390,118 @@ fn records_set_aside_stay_unapplied_even_before_the_journal_starts_again() {
     assert!(again.latches().unwrap().is_empty());
     assert_eq!(again.chain_head().unwrap(), None);
 }
+
+/// The journal's flush fails (an I/O error of the disk) while the batch's
+/// last statements ran beside its record's write: the batch is told it
+/// failed and nothing of it is visible or stored (SQLite's `COMMIT` comes
+/// only after the flush), its record is voided so that no later open
+/// applies it, and the next commit is taken as usual.
+#[test]
+fn a_batch_whose_record_s_flush_fails_is_rolled_back_and_never_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    s.commit_blocking(setpoint("one", 1)).unwrap();
+    s.fail_next_journal_flush();
+    let failed = s.commit_blocking(setpoint("two", 2));
+    assert!(
+        matches!(&failed, Err(StoreError::Io(why)) if why.contains("flush")),
+        "{failed:?}"
+    );
+    assert!(s.receipt("two").unwrap().is_none());
+    let three = s.commit_blocking(setpoint("three", 3)).unwrap();
+    assert_eq!(three.first_seq, 2, "the failed batch took no seq");
+    // The last batch fails too, and the process stops: its record, written
+    // and then voided, is the journal's last.
+    s.fail_next_journal_flush();
+    assert!(s.commit_blocking(setpoint("four", 4)).is_err());
+    drop(s);
+
+    let s = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(s.journal_stats().replayed, 0);
+    for id in ["two", "four"] {
+        assert!(s.receipt(id).unwrap().is_none(), "{id}");
+    }
+    let ids: Vec<String> = s
+        .chain_tail(10)
+        .unwrap()
+        .iter()
+        .map(|e| e["body"]["command_id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(ids, ["one", "three"]);
+    s.commit_blocking(setpoint("five", 5)).unwrap();
+    drop(s);
+    let report = verify_store(dir.path()).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, three.last_seq + 1);
+}
+
+/// Batches of several commits, some refused as conflicts (an id sent a
+/// second time right after the first, so often last in its batch): a batch's
+/// record is written once its last commit is checked, and what a power loss
+/// makes the open apply again is exactly what was answered.
+#[test]
+fn batches_of_several_commits_with_conflicts_are_applied_again_as_answered() {
+    let live = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(live.path()).unwrap();
+    // Every commit through the writer thread: a burst queues into batches.
+    s.set_inline_commits(false);
+    flushed_by_sqlite(&s, setpoint("flushed", 1));
+    copy_database(live.path(), image.path());
+    let batches_before = s.stats().batches;
+    let (tx, rx) = std::sync::mpsc::channel();
+    const SENT: u64 = 60;
+    for i in 0..SENT {
+        // Every third commit repeats the id of the one before it.
+        let id = format!("b{}", if i % 3 == 2 { i - 1 } else { i });
+        let tx = tx.clone();
+        s.submit(
+            setpoint(&id, 2 + i),
+            Box::new(move |r| {
+                let _ = tx.send((i, r));
+            }),
+        );
+    }
+    let mut answers: Vec<_> = (0..SENT).map(|_| rx.recv().unwrap()).collect();
+    answers.sort_by_key(|(i, _)| *i);
+    let batches = s.stats().batches - batches_before;
+    assert!(batches < SENT, "no batch held two commits ({batches})");
+    let mut last = None;
+    for (i, r) in &answers {
+        match r {
+            Ok(ack) if i % 3 != 2 => {
+                if last
+                    .as_ref()
+                    .is_none_or(|l: &tether_store::CommitAck| ack.last_seq > l.last_seq)
+                {
+                    last = Some(ack.clone());
+                }
+            }
+            Err(StoreError::Conflict(_)) if i % 3 == 2 => {}
+            other => panic!("commit {i} was answered {other:?}"),
+        }
+    }
+    let last = last.unwrap();
+    std::fs::copy(
+        live.path().join(JOURNAL_FILE_NAME),
+        image.path().join(JOURNAL_FILE_NAME),
+    )
+    .unwrap();
+    drop(s);
+
+    let r = SqliteStore::open(image.path()).expect("the image opens");
+    assert_eq!(r.journal_stats().replayed, batches);
+    assert_eq!(
+        r.chain_head().unwrap(),
+        Some((last.last_seq, last.head_hash.clone())),
+        "the head the live store answered"
+    );
+    assert_eq!(
+        last.last_seq,
+        1 + SENT * 2 / 3,
+        "one entry per commit answered"
+    );
+    drop(r);
+    let report = verify_store(image.path()).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+}

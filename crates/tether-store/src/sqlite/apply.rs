@@ -2,25 +2,32 @@
 //! writer drives. One batch is one `BEGIN IMMEDIATE` … `COMMIT`; each of its
 //! commits is checked for conflicts with what is stored, then its entries
 //! are sealed onto the chain and its rows written. A batch's record is
-//! flushed in the journal before `COMMIT`, which then does not flush
-//! (`journal`).
+//! written to the journal once the last commit's checks are done, and
+//! flushed after the last statements, which run while the device takes it;
+//! then `COMMIT`, which does not flush, and only then are its callers
+//! answered (`journal`).
 //!
 //! Never here: validation or serialisation of a commit (done on the caller's
-//! thread, in `prepare`), or reads answered to callers (`read`).
+//! thread, in `prepare`), one commit's checks and rows (`rows`), or reads
+//! answered to callers (`read`).
 
 mod replay;
+mod rows;
 
 use super::head::{load_head, seq_from_db, seq_to_db, Head};
 use super::journal::{self, Journal};
-use crate::chain::seal;
-use crate::prepare::{PreparedEvent, PreparedLatch, PreparedReceipt};
+use crate::chain::Sealed;
 use crate::writer::{Backend, Job};
-use crate::{ApprovalRow, BudgetRow, CommitAck, InvocationRef, OpenOp, RevisionRow, StoreError};
+use crate::{CommitAck, StoreError};
+use rows::{apply_one, check_and_seal, write_one};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// One commit's outcome in its batch: stored, or refused alone.
+type Outcome = Result<CommitAck, StoreError>;
 
 /// The journal's counters, read by [`super::SqliteStore::journal_stats`].
 #[derive(Debug, Default)]
@@ -36,6 +43,13 @@ pub(super) struct JournalCounters {
     /// Off, every batch commits with SQLite's flush (a benchmark's switch:
     /// [`super::SqliteStore::set_journal`]).
     pub off: AtomicBool,
+    /// Off, a journalled batch's record is flushed before its last
+    /// statements instead of while they run (a benchmark's switch:
+    /// [`super::SqliteStore::set_early_write`]).
+    pub flush_first: AtomicBool,
+    /// Tests only ([`super::SqliteStore::fail_next_journal_flush`]): the
+    /// next journalled batch's flush fails.
+    pub fail_flush: AtomicBool,
     /// Tests only ([`super::SqliteStore::crash_after_next_record`]): the next
     /// journalled batch stops as a killed process would, after its record.
     pub crash_after_record: AtomicBool,
@@ -72,6 +86,9 @@ struct ChainState {
     /// Highest revision per `(device_id, resource)` among the batch's
     /// commits so far (only those that succeeded alone).
     batch_revisions: HashMap<(String, String), u64>,
+    /// The entries of the commit being applied, sealed and not yet written,
+    /// with their seqs (reused).
+    sealed: Vec<(u64, Sealed)>,
 }
 
 /// The statements every command's commit runs, prepared once per batch
@@ -135,6 +152,7 @@ impl SqliteBackend {
                 head,
                 scratch: String::with_capacity(256),
                 batch_revisions: HashMap::new(),
+                sealed: Vec::new(),
             },
             journal,
             // `SqliteStore::open` sets FULL on the connection.
@@ -188,39 +206,114 @@ impl SqliteBackend {
         // with SQLite's flush, below.
         let adopted = self.adopt_journal()?;
         let start = self.chain.head.clone();
+        if journalled && self.journal.is_some() {
+            // A process that writes the journal has none to adopt.
+            debug_assert!(adopted.is_none());
+            return self.journalled_batch(batch, ts_ms, results, &start);
+        }
         self.apply_jobs(batch, ts_ms, results)?;
-        let Some(j) = self.journal.as_mut().filter(|_| journalled) else {
-            // SQLite's flush of its WAL covers every earlier record too.
-            commit(&self.conn)?;
-            if let Some(adopted) = adopted {
-                self.take_over(adopted);
-            }
-            if let Some(j) = self.journal.as_mut() {
-                j.covered();
-                self.counters
-                    .flushed_batches
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            return Ok(());
+        // SQLite's flush of its WAL covers every earlier record too.
+        commit(&self.conn)?;
+        if let Some(adopted) = adopted {
+            self.take_over(adopted);
+        }
+        if let Some(j) = self.journal.as_mut() {
+            j.covered();
+            self.counters
+                .flushed_batches
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// A batch committed through the journal. Its commits are applied but
+    /// the last one's writes, whose checks and entries are all the record
+    /// needs; the record is written and sent on its way to the disk, and
+    /// the last writes run while the device takes it; then its flush, and
+    /// only then SQLite's unflushed `COMMIT` and the answers
+    /// (docs/PERFORMANCE.md, "The record's write started early").
+    fn journalled_batch(
+        &mut self,
+        batch: &[Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+        start: &Head,
+    ) -> Result<(), StoreError> {
+        let last = self.apply_all_but_last_writes(batch, ts_ms, results)?;
+        let Some(j) = self.journal.as_mut() else {
+            return Err(StoreError::Closed);
         };
         let at_position = j.position();
-        record_journal_at(&self.conn, at_position)?;
         let (meta, head) = (&mut self.record_meta, &self.chain.head);
-        journal::encode_meta(meta, at_position.index, ts_ms, &start, head);
-        let at = j.append(&self.record_meta, &self.record_body)?;
+        journal::encode_meta(meta, at_position.index, ts_ms, start, head);
+        let at = j.write(&self.record_meta, &self.record_body)?;
         if self.counters.crash_after_record.load(Ordering::Relaxed) {
             return Err(self.crash());
         }
-        if let Err(e) = commit(&self.conn) {
+        let flushed = self.counters.flush_first.load(Ordering::Relaxed);
+        if flushed {
+            if let Err(e) = j.flush() {
+                j.void(at);
+                return Err(e);
+            }
+        }
+        let written = match &last {
+            Some((job, Ok(ack))) => HotStatements::prepare(&self.conn).and_then(|mut hot| {
+                write_one(&self.conn, &mut hot, &self.chain.sealed, job, ts_ms, ack)
+            }),
+            _ => Ok(()),
+        };
+        let written = written
+            .and_then(|()| self.write_batch_revisions())
+            .and_then(|()| self.record_head())
+            .and_then(|()| record_journal_at(&self.conn, at_position));
+        let Some(j) = self.journal.as_mut() else {
+            return Err(StoreError::Closed);
+        };
+        // The flush before `COMMIT`: nothing of the batch is visible to a
+        // reader or another process until its record is on the disk.
+        let durable = written.and_then(|()| {
+            if flushed {
+                Ok(())
+            } else if self.counters.fail_flush.swap(false, Ordering::Relaxed) {
+                Err(StoreError::Io("an injected journal flush failure".into()))
+            } else {
+                j.flush()
+            }
+        });
+        if let Err(e) = durable.and_then(|()| commit(&self.conn)) {
             // Its callers are told it failed: the record must not stand.
             j.void(at);
             return Err(e);
         }
+        results.extend(last.map(|(_, r)| r));
         self.counters
             .records
             .store(j.records_written, Ordering::Relaxed);
         self.counters.restarts.store(j.restarts, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A journalled batch's commits applied, but for the last one only its
+    /// checks and its sealed entries (in `chain.sealed`): all its record
+    /// needs. Returns the last commit and its outcome.
+    fn apply_all_but_last_writes<'b>(
+        &mut self,
+        batch: &'b [Job],
+        ts_ms: u64,
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+    ) -> Result<Option<(&'b Job, Outcome)>, StoreError> {
+        self.chain.batch_revisions.clear();
+        let Some((last, rest)) = batch.split_last() else {
+            return Ok(None);
+        };
+        let mut hot = HotStatements::prepare(&self.conn)?;
+        for job in rest {
+            let r = apply_one(&self.conn, &mut self.chain, &mut hot, job, ts_ms)?;
+            results.push(r);
+        }
+        let r = check_and_seal(&self.conn, &mut self.chain, &mut hot, last, ts_ms)?;
+        Ok(Some((last, r)))
     }
 
     /// The batch's statements inside the open transaction: each commit, then
@@ -338,402 +431,5 @@ fn read_journal_at(conn: &Connection) -> Result<Option<journal::Position>, Store
 
 fn commit(conn: &Connection) -> Result<(), StoreError> {
     conn.prepare_cached("COMMIT")?.execute([])?;
-    Ok(())
-}
-
-/// Apply one commit inside the open transaction. The outer error aborts
-/// the batch; the inner one fails only this commit and is returned before
-/// anything of it is written.
-fn apply_one(
-    conn: &Connection,
-    chain: &mut ChainState,
-    hot: &mut HotStatements<'_>,
-    job: &Job,
-    ts_ms: u64,
-) -> Result<Result<CommitAck, StoreError>, StoreError> {
-    let c = &job.commit;
-    if let Some(conflict) = receipt_conflict(hot, &c.receipts)? {
-        return Ok(Err(conflict));
-    }
-    // An operation opens under its command_id once: another process on
-    // this store that already ran the id (a receipt) or is running it
-    // (an open operation) makes the start a conflict, so a command id is
-    // dispatched once per state directory, not once per process.
-    if !c.open_ops.is_empty() {
-        if let Some(conflict) = open_op_conflict(conn, hot, &c.open_ops)? {
-            return Ok(Err(conflict));
-        }
-    }
-    if !c.budget_draws.is_empty() {
-        if let Some(conflict) = budget_conflict(conn, &c.budget_draws)? {
-            return Ok(Err(conflict));
-        }
-        // The check and the draw in one transaction that holds the write
-        // lock: every process on the file draws from one ledger.
-        if let Some(exceeded) = budget_over_cap(conn, &c.budget_draws)? {
-            return Ok(Err(exceeded));
-        }
-    }
-
-    if !c.leases.is_empty() {
-        if let Err(held) = decide_leases(conn, &c.leases, ts_ms)? {
-            return Ok(Err(held));
-        }
-        write_leases(conn, &c.leases, ts_ms)?;
-    }
-
-    let first_seq = chain.head.seq + 1;
-    append_events(chain, &mut hot.insert_event, &c.events, ts_ms)?;
-    index_receipts(
-        &mut hot.insert_receipt,
-        &c.receipts,
-        first_seq,
-        chain.head.seq,
-    )?;
-    // Revisions only ever rise (the highest wins), so a batch's are
-    // gathered and written once per resource before COMMIT.
-    gather_revisions(&mut chain.batch_revisions, &c.revisions);
-    if !c.latches.is_empty() {
-        upsert_latches(conn, &c.latches)?;
-    }
-    if !c.budget_draws.is_empty() {
-        insert_budget_draws(conn, &c.budget_draws)?;
-    }
-    if !c.budget_releases.is_empty() {
-        release_budget(conn, &c.budget_releases)?;
-    }
-    if !c.open_ops.is_empty() {
-        upsert_open_ops(conn, &c.open_ops)?;
-    }
-    if !c.closed_ops.is_empty() {
-        delete_open_ops(conn, &c.closed_ops)?;
-    }
-    if !c.approvals.is_empty() {
-        upsert_approvals(conn, &c.approvals, chain.head.seq)?;
-    }
-    if !c.invocations.is_empty() {
-        upsert_invocations(conn, &c.invocations)?;
-    }
-    if !c.invocation_refs.is_empty() {
-        index_invocations(conn, &c.invocation_refs, first_seq, chain.head.seq)?;
-    }
-    Ok(Ok(CommitAck {
-        first_seq,
-        last_seq: chain.head.seq,
-        head_hash: chain.head.hash.clone(),
-    }))
-}
-
-/// The conflict of a receipt whose `command_id` is already stored.
-fn receipt_conflict(
-    hot: &mut HotStatements<'_>,
-    receipts: &[PreparedReceipt],
-) -> Result<Option<StoreError>, StoreError> {
-    for r in receipts {
-        if hot.receipt_exists.exists([&r.row.command_id])? {
-            return Ok(Some(StoreError::Conflict(format!(
-                "a receipt for command_id {:?} is already stored",
-                r.row.command_id
-            ))));
-        }
-    }
-    Ok(None)
-}
-
-/// The conflict of an operation whose `command_id` already ran (a receipt)
-/// or is running (an open operation) on this store.
-fn open_op_conflict(
-    conn: &Connection,
-    hot: &mut HotStatements<'_>,
-    open_ops: &[(OpenOp, String)],
-) -> Result<Option<StoreError>, StoreError> {
-    let mut open = conn.prepare_cached("SELECT 1 FROM open_ops WHERE command_id = ?1")?;
-    for (op, _) in open_ops {
-        let id = &op.command_id;
-        if hot.receipt_exists.exists([id])? || open.exists([id])? {
-            return Ok(Some(StoreError::Conflict(format!(
-                "command_id {id:?} already ran or is running on this store"
-            ))));
-        }
-    }
-    Ok(None)
-}
-
-/// The conflict of a budget draw whose `reservation_id` is already stored.
-fn budget_conflict(
-    conn: &Connection,
-    draws: &[BudgetRow],
-) -> Result<Option<StoreError>, StoreError> {
-    let mut exists = conn.prepare_cached("SELECT 1 FROM budget WHERE reservation_id = ?1")?;
-    for b in draws {
-        if exists.exists([&b.reservation_id])? {
-            return Ok(Some(StoreError::Conflict(format!(
-                "budget reservation {:?} is already stored",
-                b.reservation_id
-            ))));
-        }
-    }
-    Ok(None)
-}
-
-/// The refusal of the first capped draw that does not fit: the key's
-/// stored, unreleased draws the window counts (earlier commits of this
-/// batch included, since they are in the open transaction) plus this
-/// commit's earlier draws of the same key (see [`crate::BudgetCap`]).
-fn budget_over_cap(
-    conn: &Connection,
-    draws: &[BudgetRow],
-) -> Result<Option<StoreError>, StoreError> {
-    let mut sum = conn.prepare_cached(
-        "SELECT COALESCE(SUM(amount), 0.0) FROM budget
-         WHERE key = ?1 AND ts_ms >= ?2 AND released = 0",
-    )?;
-    for (i, d) in draws.iter().enumerate() {
-        let Some(cap) = &d.cap else { continue };
-        let from_ms = cap.counts_from_ms(d.ts_ms).unwrap_or(0);
-        // Stored ts_ms never exceeds i64::MAX, so a larger bound counts nothing.
-        let from_db = i64::try_from(from_ms).unwrap_or(i64::MAX);
-        let stored: f64 = sum.query_row(params![&d.key, from_db], |r| r.get(0))?;
-        let earlier: f64 = draws[..i]
-            .iter()
-            .filter(|e| e.key == d.key && e.ts_ms >= from_ms && !e.released)
-            .map(|e| e.amount)
-            .sum();
-        if let Err(e) = cap.check(d, stored + earlier) {
-            return Ok(Some(e));
-        }
-    }
-    Ok(None)
-}
-
-/// Each lease draft decided against its stored row, under the write lock
-/// (see [`crate::lease`]): the inner error refuses this commit alone.
-fn decide_leases(
-    conn: &Connection,
-    drafts: &[(crate::LeaseDraft, String)],
-    now_ms: u64,
-) -> Result<Result<(), StoreError>, StoreError> {
-    let mut get = conn
-        .prepare_cached("SELECT holder, renewed_ms, until_ms, info FROM leases WHERE key = ?1")?;
-    for (d, _) in drafts {
-        let stored = get
-            .query_row([&d.key], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, String>(3)?,
-                ))
-            })
-            .optional()?
-            .map(|(holder, renewed, until, info)| crate::LeaseRow {
-                key: d.key.clone(),
-                holder,
-                renewed_ms: u64::try_from(renewed).unwrap_or(0),
-                until_ms: u64::try_from(until).unwrap_or(0),
-                info: serde_json::from_str(&info).unwrap_or(serde_json::Value::Null),
-            });
-        if let Err(e) = crate::lease::decide_hold(d, stored.as_ref(), now_ms) {
-            return Ok(Err(e));
-        }
-    }
-    Ok(Ok(()))
-}
-
-/// Writes lease drafts already decided.
-fn write_leases(
-    conn: &Connection,
-    drafts: &[(crate::LeaseDraft, String)],
-    now_ms: u64,
-) -> Result<(), StoreError> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO leases(key, holder, renewed_ms, until_ms, info) VALUES (?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT(key) DO UPDATE SET holder = excluded.holder, renewed_ms = excluded.renewed_ms,
-             until_ms = excluded.until_ms, info = excluded.info",
-    )?;
-    let mut delete = conn.prepare_cached("DELETE FROM leases WHERE key = ?1 AND holder = ?2")?;
-    for (d, info) in drafts {
-        match &d.op {
-            crate::LeaseOp::Hold { lease_ms, .. } => {
-                let until = now_ms.saturating_add(*lease_ms);
-                upsert.execute(params![
-                    &d.key,
-                    &d.holder,
-                    seq_to_db(now_ms)?,
-                    seq_to_db(until)?,
-                    info
-                ])?;
-            }
-            crate::LeaseOp::Release => {
-                delete.execute(params![&d.key, &d.holder])?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Seals each event onto the chain, in order, and inserts its entry.
-fn append_events(
-    chain: &mut ChainState,
-    insert_event: &mut rusqlite::CachedStatement<'_>,
-    events: &[PreparedEvent],
-    ts_ms: u64,
-) -> Result<(), StoreError> {
-    for e in events {
-        let seq = chain.head.seq + 1;
-        let sealed = seal(
-            seq,
-            ts_ms,
-            &e.kind_json,
-            &e.body_json,
-            &chain.head.hash,
-            &mut chain.scratch,
-        );
-        insert_event.execute(params![seq_to_db(seq)?, &sealed.hash, &sealed.line])?;
-        chain.head = Head {
-            seq,
-            hash: sealed.hash,
-        };
-    }
-    Ok(())
-}
-
-/// Indexes each receipt by the entry that holds it (`first_seq` is the
-/// commit's first entry, `last_seq` its last).
-fn index_receipts(
-    insert_receipt: &mut rusqlite::CachedStatement<'_>,
-    receipts: &[PreparedReceipt],
-    first_seq: u64,
-    last_seq: u64,
-) -> Result<(), StoreError> {
-    for r in receipts {
-        // prepare() checked that `event` indexes this commit's events.
-        let seq = first_seq + r.row.event as u64;
-        debug_assert!(seq <= last_seq);
-        insert_receipt.execute(params![
-            seq_to_db(seq)?,
-            &r.row.command_id,
-            &r.row.input_digest
-        ])?;
-    }
-    Ok(())
-}
-
-/// Keeps the highest revision of each resource among the batch's commits.
-fn gather_revisions(batch: &mut HashMap<(String, String), u64>, revisions: &[RevisionRow]) {
-    for r in revisions {
-        let slot = batch
-            .entry((r.device_id.clone(), r.resource.clone()))
-            .or_insert(0);
-        *slot = (*slot).max(r.revision);
-    }
-}
-
-fn upsert_latches(conn: &Connection, latches: &[PreparedLatch]) -> Result<(), StoreError> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO latches(device_id, latched, info) VALUES (?1, ?2, ?3)
-         ON CONFLICT(device_id) DO UPDATE SET latched = excluded.latched, info = excluded.info",
-    )?;
-    for l in latches {
-        upsert.execute(params![&l.row.device_id, l.row.latched, &l.info_json])?;
-    }
-    Ok(())
-}
-
-fn insert_budget_draws(conn: &Connection, draws: &[BudgetRow]) -> Result<(), StoreError> {
-    let mut insert = conn.prepare_cached(
-        "INSERT INTO budget(reservation_id, key, amount, ts_ms, released) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
-    for b in draws {
-        insert.execute(params![
-            &b.reservation_id,
-            &b.key,
-            b.amount,
-            seq_to_db(b.ts_ms)?,
-            b.released
-        ])?;
-    }
-    Ok(())
-}
-
-fn release_budget(conn: &Connection, reservation_ids: &[String]) -> Result<(), StoreError> {
-    let mut release =
-        conn.prepare_cached("UPDATE budget SET released = 1 WHERE reservation_id = ?1")?;
-    for id in reservation_ids {
-        release.execute([id])?;
-    }
-    Ok(())
-}
-
-fn upsert_open_ops(conn: &Connection, open_ops: &[(OpenOp, String)]) -> Result<(), StoreError> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO open_ops(command_id, info) VALUES (?1, ?2)
-         ON CONFLICT(command_id) DO UPDATE SET info = excluded.info",
-    )?;
-    for (op, info) in open_ops {
-        upsert.execute(params![&op.command_id, info])?;
-    }
-    Ok(())
-}
-
-fn delete_open_ops(conn: &Connection, command_ids: &[String]) -> Result<(), StoreError> {
-    let mut delete = conn.prepare_cached("DELETE FROM open_ops WHERE command_id = ?1")?;
-    for id in command_ids {
-        delete.execute([id])?;
-    }
-    Ok(())
-}
-
-/// Upserts approval records; a new one is created at `head_seq`, the
-/// commit's last entry (which orders [`crate::Store::approvals`]), and every
-/// write marks the record updated there ([`crate::Store::approvals_since`]).
-fn upsert_approvals(
-    conn: &Connection,
-    approvals: &[(ApprovalRow, String)],
-    head_seq: u64,
-) -> Result<(), StoreError> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO approvals(approval_id, record, created_seq, updated_seq) VALUES (?1, ?2, ?3, ?3)
-         ON CONFLICT(approval_id) DO UPDATE SET record = excluded.record, updated_seq = excluded.updated_seq",
-    )?;
-    for (a, record_json) in approvals {
-        upsert.execute(params![&a.approval_id, record_json, seq_to_db(head_seq)?])?;
-    }
-    Ok(())
-}
-
-/// Upserts invocations recorded by value, `(invocation_id, info_json)`.
-fn upsert_invocations(
-    conn: &Connection,
-    invocations: &[(String, String)],
-) -> Result<(), StoreError> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO invocations(invocation_id, info, seq) VALUES (?1, ?2, NULL)
-         ON CONFLICT(invocation_id) DO UPDATE SET info = excluded.info, seq = NULL",
-    )?;
-    for (invocation_id, info) in invocations {
-        upsert.execute(params![invocation_id, info])?;
-    }
-    Ok(())
-}
-
-/// Indexes invocations whose record is an entry of this commit (`first_seq`
-/// is the commit's first entry, `last_seq` its last).
-fn index_invocations(
-    conn: &Connection,
-    refs: &[InvocationRef],
-    first_seq: u64,
-    last_seq: u64,
-) -> Result<(), StoreError> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO invocations(invocation_id, info, seq) VALUES (?1, NULL, ?2)
-         ON CONFLICT(invocation_id) DO UPDATE SET info = NULL, seq = excluded.seq",
-    )?;
-    for r in refs {
-        // prepare() checked that `event` indexes this commit's events.
-        let seq = first_seq + r.event as u64;
-        debug_assert!(seq <= last_seq);
-        upsert.execute(params![&r.invocation_id, seq_to_db(seq)?])?;
-    }
     Ok(())
 }

@@ -1,14 +1,17 @@
-//! The journal: a batch's record flushed before SQLite's commit, so the
-//! commit itself need not flush.
+//! The journal: a batch's record flushed before its callers are answered,
+//! so SQLite's commit itself need not flush.
 //!
 //! SQLite's own durable commit of one small batch writes and flushes several
 //! 4 KiB WAL frames (the table and index pages it touched), which costs far
 //! more than flushing one small record. So a batch is written here as one
-//! checksummed record and flushed; SQLite then commits it with
-//! `synchronous=NORMAL` (written to the WAL, not flushed), and only then are
-//! the callers answered. Should the machine lose power before SQLite's WAL
-//! reaches the disk, the next open applies the records past the database's
-//! head again (`SqliteBackend::replay`). Every kind of commit is journalled:
+//! checksummed record, whose write to the disk starts at once; the batch's
+//! last statements run while the device takes it; the record is flushed;
+//! SQLite then commits the batch with `synchronous=NORMAL` (written to the
+//! WAL, not flushed), and only then are the callers answered. Nothing of a
+//! batch is visible to a reader before its record is on the disk. Should
+//! the machine lose power before SQLite's WAL reaches the disk, the next
+//! open applies the records past the database's head again
+//! (`SqliteBackend::replay`). Every kind of commit is journalled:
 //! a batch committed with SQLite's own flush flushes every WAL frame written
 //! since the last flush, and an e-stop's latch must not wait for that. Only a
 //! batch whose record is too large for the space left commits with SQLite's
@@ -334,10 +337,13 @@ impl Journal {
     }
 
     /// Writes the record at [`Journal::position`] (`meta` then `body`, see
-    /// [`encode_meta`] and [`encode_commits`]) and flushes it. Returns where
-    /// it starts, for [`Journal::void`]. On error nothing may be answered
-    /// from it.
-    pub(super) fn append(&mut self, meta: &[u8], body: &[u8]) -> Result<u64, StoreError> {
+    /// [`encode_meta`] and [`encode_commits`]) and starts its way to the disk
+    /// without waiting for it; [`Journal::flush`] waits. Between the two the
+    /// batch's remaining statements run while the device takes the record
+    /// (docs/PERFORMANCE.md, "The record's write started early"). Returns
+    /// where it starts, for [`Journal::void`]. Nothing of the batch may be
+    /// committed or answered before the flush.
+    pub(super) fn write(&mut self, meta: &[u8], body: &[u8]) -> Result<u64, StoreError> {
         debug_assert!(!self.restart, "position() comes first");
         let len = meta.len() + body.len();
         debug_assert!(self.fits(len));
@@ -354,11 +360,27 @@ impl Journal {
         let at = self.offset;
         self.file
             .write_all_at(&self.frame, at)
-            .and_then(|()| self.file.sync_data())
             .map_err(|e| journal_io(&self.path, "write", e))?;
+        start_writeback(&self.file, at, self.frame.len());
         self.offset = at + self.frame.len() as u64;
         self.next_index += 1;
         self.records_written += 1;
+        Ok(at)
+    }
+
+    /// Waits until every record written is on the disk (a data-only flush:
+    /// the file's size never changes).
+    pub(super) fn flush(&mut self) -> Result<(), StoreError> {
+        self.file
+            .sync_data()
+            .map_err(|e| journal_io(&self.path, "flush", e))
+    }
+
+    /// [`Journal::write`] then [`Journal::flush`].
+    #[cfg(test)]
+    pub(super) fn append(&mut self, meta: &[u8], body: &[u8]) -> Result<u64, StoreError> {
+        let at = self.write(meta, body)?;
+        self.flush()?;
         Ok(at)
     }
 
@@ -398,6 +420,25 @@ impl Journal {
         self.restart = true;
     }
 }
+
+/// Asks the kernel to start writing `len` bytes at `at` to the device now,
+/// without waiting (Linux's `sync_file_range` with `SYNC_FILE_RANGE_WRITE`).
+/// Only a head start for the flush that follows: it promises nothing about
+/// durability, so its failure is ignored (the flush still writes it all).
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, at: u64, len: usize) {
+    use std::os::unix::io::AsRawFd;
+    let (Ok(at), Ok(len)) = (libc::off64_t::try_from(at), libc::off64_t::try_from(len)) else {
+        return;
+    };
+    // SAFETY: the descriptor is open for as long as `file` is borrowed, and
+    // the call reads no memory of this process.
+    let _ =
+        unsafe { libc::sync_file_range(file.as_raw_fd(), at, len, libc::SYNC_FILE_RANGE_WRITE) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _at: u64, _len: usize) {}
 
 fn journal_io(path: &Path, what: &str, e: std::io::Error) -> StoreError {
     StoreError::Io(format!("cannot {what} the journal {}: {e}", path.display()))
