@@ -384,7 +384,7 @@ impl Journal {
         Ok(at)
     }
 
-    /// A record whose batch failed after its flush: the next record is
+    /// A record whose batch failed after it was written: the next record is
     /// written in its place, and its magic is overwritten now, so the open
     /// after a crash does not apply a batch whose callers were told it failed.
     pub(super) fn void(&mut self, at: u64) {
