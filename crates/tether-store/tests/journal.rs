@@ -90,6 +90,15 @@ fn copy_database(from: &Path, to: &Path) {
     }
 }
 
+/// The `command_id` of each of the chain's last ten entries, oldest first.
+fn command_ids_in_chain(s: &SqliteStore) -> Vec<String> {
+    s.chain_tail(10)
+        .unwrap()
+        .iter()
+        .map(|e| e["body"]["command_id"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
 /// `rm tether.db*`: the database and its WAL go, the journal stays.
 fn remove_database(dir: &Path) {
     for suffix in ["", "-wal", "-shm"] {
@@ -289,12 +298,7 @@ fn a_record_a_killed_process_left_is_applied_by_the_other_process_before_its_own
     assert_eq!(st.adopted, 1, "{st:?}");
     assert!(st.active, "it writes the journal now: {st:?}");
     assert!(second.receipt("two").unwrap().is_some());
-    let ids: Vec<String> = second
-        .chain_tail(10)
-        .unwrap()
-        .iter()
-        .map(|e| e["body"]["command_id"].as_str().unwrap_or("").to_owned())
-        .collect();
+    let ids = command_ids_in_chain(&second);
     assert_eq!(ids, ["one", "two", "three"]);
     // And it keeps the journal as its own: its next commit is a record.
     second.commit_blocking(setpoint("four", 4)).unwrap();
@@ -421,12 +425,7 @@ fn a_batch_whose_record_s_flush_fails_is_rolled_back_and_never_applied() {
     for id in ["two", "four"] {
         assert!(s.receipt(id).unwrap().is_none(), "{id}");
     }
-    let ids: Vec<String> = s
-        .chain_tail(10)
-        .unwrap()
-        .iter()
-        .map(|e| e["body"]["command_id"].as_str().unwrap_or("").to_owned())
-        .collect();
+    let ids = command_ids_in_chain(&s);
     assert_eq!(ids, ["one", "three"]);
     s.commit_blocking(setpoint("five", 5)).unwrap();
     drop(s);

@@ -275,7 +275,9 @@ impl SqliteBackend {
         let durable = written.and_then(|()| {
             if flushed {
                 Ok(())
-            } else if self.counters.fail_flush.swap(false, Ordering::Relaxed) {
+            } else if self.counters.fail_flush.load(Ordering::Relaxed)
+                && self.counters.fail_flush.swap(false, Ordering::Relaxed)
+            {
                 Err(StoreError::Io("an injected journal flush failure".into()))
             } else {
                 j.flush()
