@@ -13,6 +13,8 @@
 //! store handle each) on one database at once and prints their sum.
 //! `DURABLE_LOAD_INLINE=0` hands every SQLite commit to the writer thread
 //! (no commit applied on a waiting caller's thread): to compare the two.
+//! `DURABLE_LOAD_HOLD=0` commits every SQLite batch before its answers (no
+//! transaction held open across batches): to compare the two.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -54,6 +56,9 @@ fn main() {
     // DURABLE_LOAD_JOURNAL=0: every batch committed with SQLite's own flush
     // (the store's journal off), to compare the two.
     sqlite.set_journal(std::env::var("DURABLE_LOAD_JOURNAL").as_deref() != Ok("0"));
+    // `DURABLE_LOAD_HOLD=0`: every batch commits before its answers instead of
+    // holding its transaction open for the next (docs/STORE.md).
+    sqlite.set_hold(std::env::var("DURABLE_LOAD_HOLD").as_deref() != Ok("0"));
     let durable = run_load(sqlite.clone(), callers, per_caller);
     let stats = sqlite.stats();
     let journal = sqlite.journal_stats();

@@ -14,9 +14,12 @@
 //!   default). `*_journal_ab`: the same run's blocks with the journal off
 //!   (SQLite's `COMMIT` flushing the WAL itself, `synchronous=FULL`, as the
 //!   store did before it) against those with it on, blocks alternating.
-//!   `*_early_write_ab`: the journal's record on its way to the disk while
-//!   the batch's last statements run (the shipped default) against flushed
-//!   before them, in blocks of the same run (a third of the blocks each).
+//!   `*_hold_ab`: answered records held in one open transaction for the
+//!   next commands (the shipped default) against a `COMMIT` before each
+//!   answer; `*_early_write_ab`: with a `COMMIT` each, the journal's record
+//!   on its way to the disk while the batch's last statements run against
+//!   flushed before them. Blocks of the same run rotate the four (held,
+//!   committed each, flushed first, journal off), a quarter each.
 //! - `single_physical_us`: the same thermostat declared `hardware` (the
 //!   simulated driver behind it): the durable start, then the receipt.
 //!
@@ -235,25 +238,27 @@ fn run(
     let session = common::open_session(&rt, &k, &p);
     let label = name.to_owned();
     let mut probe = Probe::open(&state);
-    let (samples, samples_off, samples_serial, flushes) = rt.block_on(async move {
+    let (samples, samples_off, samples_serial, samples_each, flushes) = rt.block_on(async move {
         let caller = tokio::spawn(async move {
             let mut samples = Vec::with_capacity(commands);
             let mut samples_off = Vec::with_capacity(commands);
             let mut samples_serial = Vec::with_capacity(commands);
+            let mut samples_each = Vec::with_capacity(commands);
             let mut flushes = Vec::with_capacity(commands);
-            let (mut journal, mut early) = (true, true);
+            let (mut journal, mut early, mut hold) = (true, true, true);
             let mut out = Vec::with_capacity(4096);
             for n in 0..commands {
                 if n % BLOCK == 0 {
                     // The probe blocks this worker, as the bench means it to:
                     // nothing else runs meanwhile.
                     probe.samples(BLOCK, &mut flushes);
-                    // Blocks in turn when `ab`: early write, record flushed
-                    // first, journal off.
-                    let turn = if ab { (n / BLOCK) % 3 } else { 0 };
-                    (journal, early) = (turn != 2, turn != 1);
+                    // Blocks in turn when `ab`: held, committed each,
+                    // record flushed first, journal off.
+                    let turn = if ab { (n / BLOCK) % 4 } else { 0 };
+                    (hold, early, journal) = (turn == 0, turn != 2, turn != 3);
                     switch.set_journal(journal);
                     switch.set_early_write(early);
+                    switch.set_hold(hold);
                 }
                 let req = common::setpoint(&session, 20.0 + (n % 50) as f64);
                 let t = Instant::now();
@@ -264,8 +269,10 @@ fn run(
                 out.clear();
                 answer.write_json(&mut out);
                 let took = t.elapsed().as_nanos();
-                if journal && early {
+                if hold {
                     samples.push(took);
+                } else if journal && early {
+                    samples_each.push(took);
                 } else if journal {
                     samples_serial.push(took);
                 } else {
@@ -274,15 +281,15 @@ fn run(
                 assert_eq!(answer.status(), Some("completed"), "{label}");
                 assert!(!answer.not_durable(), "{label}");
             }
-            (samples, samples_off, samples_serial, flushes)
+            (samples, samples_off, samples_serial, samples_each, flushes)
         });
         caller.await.expect("caller")
     });
     let stats = store.stats();
     let journal = store.journal_stats();
     println!(
-        "# {name}: {} batches, {} of them on the caller's thread; journal: {} records, {} restarts, {} batches with SQLite's flush",
-        stats.batches, stats.inline_batches, journal.records, journal.restarts, journal.flushed_batches
+        "# {name}: {} batches, {} of them on the caller's thread, {} commits of held records; journal: {} records, {} restarts, {} batches with SQLite's flush",
+        stats.batches, stats.inline_batches, stats.settled, journal.records, journal.restarts, journal.flushed_batches
     );
     if ab {
         let (on50, on99) = percentiles(samples.clone());
@@ -293,10 +300,17 @@ fn run(
             mean_us(&samples_off),
             samples_off.len()
         );
+        let (each50, each99) = percentiles(samples_each.clone());
+        println!(
+            "FIGURE {name}_hold_ab held_p50={on50:.1} commit_each_p50={each50:.1} held_p99={on99:.1} commit_each_p99={each99:.1} held_mean={:.1} commit_each_mean={:.1} commands_each={}",
+            mean_us(&samples),
+            mean_us(&samples_each),
+            samples_each.len()
+        );
         let (ser50, ser99) = percentiles(samples_serial.clone());
         println!(
-            "FIGURE {name}_early_write_ab on_p50={on50:.1} flush_first_p50={ser50:.1} on_p99={on99:.1} flush_first_p99={ser99:.1} on_mean={:.1} flush_first_mean={:.1} commands_each={}",
-            mean_us(&samples),
+            "FIGURE {name}_early_write_ab on_p50={each50:.1} flush_first_p50={ser50:.1} on_p99={each99:.1} flush_first_p99={ser99:.1} on_mean={:.1} flush_first_mean={:.1} commands_each={}",
+            mean_us(&samples_each),
             mean_us(&samples_serial),
             samples_serial.len()
         );

@@ -113,6 +113,9 @@ impl Store for DeferredStore {
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
         self.store()?.latches()
     }
+    fn latches_committed(&self) -> Result<Vec<LatchRow>, StoreError> {
+        self.store()?.latches_committed()
+    }
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError> {
         self.store()?.open_ops()
     }

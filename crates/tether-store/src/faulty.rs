@@ -116,6 +116,10 @@ impl Store for FaultyStore {
         self.read_check()?;
         self.inner.latches()
     }
+    fn latches_committed(&self) -> Result<Vec<LatchRow>, StoreError> {
+        self.read_check()?;
+        self.inner.latches_committed()
+    }
     fn approvals(&self) -> Result<Vec<crate::ApprovalRow>, StoreError> {
         self.read_check()?;
         self.inner.approvals()

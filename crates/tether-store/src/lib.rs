@@ -70,7 +70,7 @@ pub use postgres::{PgStore, PG_SCHEMA_VERSION};
 pub use prepare::MAX_ITEMS_PER_COMMIT;
 pub use sqlite::{
     JournalStats, SqliteStore, DB_FILE_NAME, JOURNAL_FILE_NAME, JOURNAL_SET_ASIDE_FILE_NAME,
-    SCHEMA_VERSION,
+    PRESENCE_FILE_NAME, SCHEMA_VERSION,
 };
 pub use writer::{WriterStats, MAX_BATCH_COMMITS, QUEUE_CAPACITY};
 
@@ -597,6 +597,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// All latches, ordered by `device_id`.
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError>;
+
+    /// The latches as committed, for a check of what *other* processes on
+    /// the store wrote (this process's own are in its memory): it does not
+    /// wait for commits this process has answered and not yet committed
+    /// (the SQLite store's held transaction, during which no other process
+    /// can commit). Otherwise as [`Store::latches`].
+    fn latches_committed(&self) -> Result<Vec<LatchRow>, StoreError> {
+        self.latches()
+    }
 
     /// Operations started and not finished (see [`OpenOp`]).
     fn open_ops(&self) -> Result<Vec<OpenOp>, StoreError>;

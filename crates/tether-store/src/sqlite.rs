@@ -6,13 +6,15 @@
 //! commits with `synchronous=FULL`, so its `COMMIT` returns only after the
 //! WAL is flushed (`journal` says why and how the two fit together). The
 //! writer thread owns the only write connection and the chain head; reads go through a second connection (WAL lets it read
-//! the last committed state while the writer works).
+//! the last committed state while the writer works), after the writer has
+//! committed the answered records it holds (`apply::hold`).
 //!
 //! | module | owns |
 //! |---|---|
 //! | `schema` | the numbered migrations and `schema_version` |
 //! | `head` | the chain head: checked at open, recorded in `meta` |
-//! | `apply` | the writer's backend: one transaction per batch (`apply::rows`: one commit's checks, sealed entries and rows; `apply::replay`: a journal's records applied at open, or adopted from a process that died) |
+//! | `apply` | the writer's backend: one transaction per batch, or one held open across batches (`apply::rows`: one commit's checks, sealed entries and rows; `apply::replay`: a journal's records applied at open, or adopted from a process that died; `apply::hold`: answered records held in the open transaction, committed when the callers pause, a bound is reached or a read comes) |
+//! | `presence` | whether another handle has the store open (the writer holds a transaction only when none has) |
 //! | `journal` | the record flushed before a batch's unflushed commit (its bytes: `journal::codec`), and its replay |
 //! | `read` | the `Store` queries and the chain export |
 //! | `checkpoint` | the thread that checkpoints the WAL |
@@ -23,12 +25,14 @@ mod archive;
 mod checkpoint;
 mod head;
 mod journal;
+mod presence;
 mod read;
 mod schema;
 
 pub(crate) use archive::read_anchor;
 pub(crate) use head::recorded_head;
 pub use journal::{JOURNAL_FILE_NAME, SET_ASIDE_FILE_NAME as JOURNAL_SET_ASIDE_FILE_NAME};
+pub use presence::PRESENCE_FILE_NAME;
 pub use schema::SCHEMA_VERSION;
 
 use crate::writer::{Writer, WriterStats};
@@ -98,6 +102,9 @@ pub struct JournalStats {
     pub adopted: u64,
     /// Batches committed with SQLite's flush while the journal was active.
     pub flushed_batches: u64,
+    /// Times answered records whose `COMMIT` failed were applied again
+    /// from the journal while the store ran.
+    pub recovered: u64,
     /// Records found beside a database this open created, so written for
     /// another (removed) database, and not applied: the file was copied to
     /// [`JOURNAL_SET_ASIDE_FILE_NAME`] first.
@@ -139,6 +146,11 @@ impl SqliteStore {
         // the e-stop's latch write behind it. The writer's own automatic
         // checkpoint stays only as a backstop should that thread be gone.
         conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)?;
+        // A batch inside a held transaction runs in a savepoint, whose undo
+        // copies of the pages it touches would spill to a temporary file
+        // past 64 KiB: kept in memory instead (bounded by the held
+        // transaction's bounds, `apply::hold`).
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.set_prepared_statement_cache_capacity(32);
         // The journal is read first: a database made now records its last
         // record as held, in the transaction that makes it (below).
@@ -178,8 +190,19 @@ impl SqliteStore {
         // While another process writes the journal, this one applies what it
         // leaves should it die, before its own next batch.
         let adopt_from = opened.held_elsewhere.then(|| state_dir.to_path_buf());
-        let mut backend =
-            SqliteBackend::new(conn, head, opened.journal, counters.clone(), adopt_from);
+        let presence = if opened.journal.is_some() {
+            presence::Presence::probe(state_dir)
+        } else {
+            presence::Presence::announce(state_dir)
+        };
+        let mut backend = SqliteBackend::new(
+            conn,
+            head,
+            opened.journal,
+            counters.clone(),
+            adopt_from,
+            presence,
+        );
         backend.replay(opened.records, opened.generation)?;
         let writer = Writer::spawn_inline(backend, "tether-store-writer")?;
         let checkpointer = Checkpointer::spawn(&path, writer.idle_gate())?;
@@ -239,6 +262,23 @@ impl SqliteStore {
             .store(true, Ordering::Relaxed);
     }
 
+    /// Whether a journalled batch's transaction stays open for the next
+    /// batches once its record is flushed and its callers answered (on by
+    /// default; docs/STORE.md, "Answered records held in one transaction").
+    /// Off, each batch commits before its answers: for benchmarks that
+    /// compare the two in one run.
+    #[doc(hidden)]
+    pub fn set_hold(&self, on: bool) {
+        self.journal.hold_off.store(!on, Ordering::Relaxed);
+    }
+
+    /// For tests of a `COMMIT` that fails after its records were answered
+    /// (a full disk): the next commit of held records fails.
+    #[doc(hidden)]
+    pub fn fail_next_commit(&self) {
+        self.journal.fail_commit.store(true, Ordering::Relaxed);
+    }
+
     /// For tests of a disk that fails a flush: the next batch that goes
     /// through the journal finds its record's flush failed, as a disk's I/O
     /// error would.
@@ -263,12 +303,25 @@ impl SqliteStore {
             restarts: c.restarts.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),
             flushed_batches: c.flushed_batches.load(Ordering::Relaxed),
+            recovered: c.recovered.load(Ordering::Relaxed),
             discarded: self.set_aside.records,
             set_aside_error: self.set_aside.copy_error.clone(),
         }
     }
 
-    fn read(&self) -> MutexGuard<'_, Connection> {
+    /// The read connection, once every commit answered so far is in the
+    /// database: answered records the writer holds in its open transaction
+    /// are committed first. Refused when they cannot be (the read would miss
+    /// answered commits).
+    fn read(&self) -> Result<MutexGuard<'_, Connection>, StoreError> {
+        self.writer.settle(BUSY_TIMEOUT)?;
+        Ok(self.read_committed())
+    }
+
+    /// The read connection without waiting for the writer: it reads what is
+    /// committed, which may lack this process's latest answered commits
+    /// (`Store::latches_committed`).
+    fn read_committed(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the reader leaves no half-done write behind
         // (it is query-only), so a poisoned lock is still usable.
         self.reader.lock().unwrap_or_else(|p| p.into_inner())

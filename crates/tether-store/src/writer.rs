@@ -20,7 +20,7 @@ use crate::prepare::{prepare, prepare_owned, Prepared};
 use crate::{Commit, CommitAck, Done, StoreError};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{JoinHandle, ThreadId};
 
@@ -50,6 +50,9 @@ pub struct WriterStats {
     pub idle_waits: u64,
     /// Batches of one applied on the waiting caller's own thread.
     pub inline_batches: u64,
+    /// Transactions that committed answered commits the backend held
+    /// across batches ([`Backend::held`]; the SQLite store's journal).
+    pub settled: u64,
 }
 
 /// A storage engine driven by the writer thread.
@@ -66,6 +69,25 @@ pub(crate) trait Backend: Send + 'static {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError>;
+
+    /// Whether answered commits wait in a transaction not yet committed
+    /// (durable elsewhere: the SQLite store's journal), or a failed commit
+    /// of them waits to be applied again; if so, how long the writer lets
+    /// them wait while no commit comes before it calls [`Backend::settle`].
+    fn held(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Whether what is held has reached its bounds and is committed now.
+    fn settle_due(&self) -> bool {
+        false
+    }
+
+    /// Commits what is held (or applies again what a failed commit left).
+    /// An error leaves it held: readers are refused meanwhile.
+    fn settle(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// A queued commit and its callback.
@@ -114,8 +136,11 @@ struct Queue {
     /// own thread), or the store's housekeeping holds the writer
     /// ([`IdleGate`]): nobody else starts one until it is answered.
     busy: bool,
-    /// Threads waiting in [`IdleGate::when_idle`].
+    /// Threads waiting in [`IdleGate::when_idle`] or [`Writer::settle`].
     idle_waiters: usize,
+    /// The writer thread's park has a timeout (it commits what the backend
+    /// holds once no commit came for a while): no wake-up is needed.
+    writer_timed: bool,
 }
 
 struct Shared {
@@ -137,6 +162,17 @@ struct Shared {
     failed_batches: AtomicU64,
     largest_batch: AtomicU64,
     idle_waits: AtomicU64,
+    /// The backend holds answered commits not yet committed ([`Backend::held`]):
+    /// a read first has them committed ([`Writer::settle`]). Set before the
+    /// batch's callers are answered.
+    held: AtomicBool,
+    /// Readers waiting for what is held to be committed: the batch that
+    /// ends next commits it at once.
+    settle_asked: AtomicUsize,
+    /// Transactions that committed answered commits held across batches.
+    settled: AtomicU64,
+    /// The writer thread's pause before it commits them, µs (0: none held).
+    held_pause_us: AtomicU64,
 }
 
 impl Shared {
@@ -158,11 +194,32 @@ impl Shared {
         results.clear();
         let outcome = match self.backend.lock() {
             Ok(mut b) => match b.as_mut() {
-                Some(b) => b.apply_batch(batch, now_ms(), results),
+                Some(b) => {
+                    let r = b.apply_batch(batch, now_ms(), results);
+                    // Before any answer: a caller that reads once answered
+                    // must find its commit held, and have it committed.
+                    self.note_held(b.held());
+                    r
+                }
                 None => Err(StoreError::Closed),
             },
             Err(_) => Err(StoreError::Closed),
         };
+        self.answer(batch, results, outcome);
+        if self.held.load(Ordering::SeqCst) {
+            // A failure is the backend's to report: it keeps what it holds
+            // and refuses readers and later batches until it succeeds.
+            let _ = self.settle_now(false);
+        }
+    }
+
+    /// Answers every job of a batch from the backend's outcome.
+    fn answer(
+        &self,
+        batch: &mut [Job],
+        results: &mut Vec<Result<CommitAck, StoreError>>,
+        outcome: Result<(), StoreError>,
+    ) {
         match outcome {
             Ok(()) if results.len() == batch.len() => {
                 for (job, r) in batch.iter_mut().zip(results.drain(..)) {
@@ -187,13 +244,53 @@ impl Shared {
         }
     }
 
+    /// Commits what the backend holds, when a reader waits for it, its
+    /// bounds are reached, or `always`; the caller holds [`Queue::busy`].
+    /// A failure leaves it held (readers are refused until it succeeds).
+    fn settle_now(&self, always: bool) -> Result<(), StoreError> {
+        let Ok(mut guard) = self.backend.lock() else {
+            return Err(StoreError::Closed);
+        };
+        let Some(b) = guard.as_mut() else {
+            return Err(StoreError::Closed);
+        };
+        if b.held().is_none() {
+            self.note_held(None);
+            return Ok(());
+        }
+        let asked = self.settle_asked.load(Ordering::SeqCst) > 0;
+        if !(always || asked || b.settle_due()) {
+            return Ok(());
+        }
+        let r = b.settle();
+        if r.is_ok() {
+            self.settled.fetch_add(1, Ordering::Relaxed);
+        }
+        self.note_held(b.held());
+        r
+    }
+
+    /// Records whether the backend holds answered commits, and the writer
+    /// thread's pause before it commits them.
+    fn note_held(&self, pause: Option<std::time::Duration>) {
+        let us = pause.map_or(0, |p| {
+            u64::try_from(p.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
+        self.held_pause_us.store(us, Ordering::SeqCst);
+        self.held.store(pause.is_some(), Ordering::SeqCst);
+    }
+
     /// Ends a batch: frees [`Queue::busy`] and wakes the writer thread if
-    /// commits queued meanwhile and it is parked.
+    /// commits queued meanwhile and it is parked, or if the backend holds
+    /// answered commits and its park has no timeout (it must commit them
+    /// once the callers pause).
     fn release(&self) {
         let mut q = self.lock();
         q.busy = false;
-        let wake = q.writer_waiting && (!q.jobs.is_empty() || q.closing || q.stopped);
-        let idle = q.idle_waiters > 0 && q.jobs.is_empty();
+        let held = self.held.load(Ordering::SeqCst);
+        let wake = q.writer_waiting
+            && (!q.jobs.is_empty() || q.closing || q.stopped || (held && !q.writer_timed));
+        let idle = q.idle_waiters > 0 && (q.jobs.is_empty() || !held);
         drop(q);
         if wake {
             self.wake.notify_one();
@@ -233,6 +330,7 @@ impl Writer {
                 writer_waiting: false,
                 busy: false,
                 idle_waiters: 0,
+                writer_timed: false,
             }),
             wake: Condvar::new(),
             idle: Condvar::new(),
@@ -245,6 +343,10 @@ impl Writer {
             failed_batches: AtomicU64::new(0),
             largest_batch: AtomicU64::new(0),
             idle_waits: AtomicU64::new(0),
+            held: AtomicBool::new(false),
+            settle_asked: AtomicUsize::new(0),
+            settled: AtomicU64::new(0),
+            held_pause_us: AtomicU64::new(0),
         })
     }
 
@@ -380,6 +482,61 @@ impl Writer {
         shared.release();
     }
 
+    /// Before a read: has the answered commits the backend holds committed,
+    /// so that the read finds every commit answered before it began. Waits
+    /// for a batch being applied (at most `wait`); the next batch to end
+    /// commits them for it. Fails when they cannot be committed (the read
+    /// would miss answered commits) or the wait runs out.
+    pub(crate) fn settle(&self, wait: std::time::Duration) -> Result<(), StoreError> {
+        let shared = &self.shared;
+        if !shared.held.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + wait;
+        shared.settle_asked.fetch_add(1, Ordering::SeqCst);
+        let mut q = shared.lock();
+        // Each round waits for the batch being applied to end: bounded by
+        // the deadline.
+        let ready = loop {
+            if !shared.held.load(Ordering::SeqCst) {
+                break false;
+            }
+            if q.stopped {
+                break false;
+            }
+            if !q.busy {
+                break true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                drop(q);
+                shared.settle_asked.fetch_sub(1, Ordering::SeqCst);
+                return Err(StoreError::Io(format!(
+                    "answered commits were not committed within {} ms for a read",
+                    wait.as_millis()
+                )));
+            }
+            q.idle_waiters += 1;
+            let (guard, _) = shared
+                .idle
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner());
+            q = guard;
+            q.idle_waiters -= 1;
+        };
+        if !ready {
+            drop(q);
+            shared.settle_asked.fetch_sub(1, Ordering::SeqCst);
+            return Ok(());
+        }
+        q.busy = true;
+        drop(q);
+        let r = shared.settle_now(true);
+        shared.settle_asked.fetch_sub(1, Ordering::SeqCst);
+        shared.release();
+        r
+    }
+
     /// A handle that runs housekeeping while no commit is being applied
     /// ([`IdleGate::when_idle`]).
     pub(crate) fn idle_gate(&self) -> IdleGate {
@@ -402,6 +559,7 @@ impl Writer {
             largest_batch: s.largest_batch.load(Ordering::Relaxed),
             idle_waits: s.idle_waits.load(Ordering::Relaxed),
             inline_batches: s.inline_batches.load(Ordering::Relaxed),
+            settled: s.settled.load(Ordering::Relaxed),
         }
     }
 }
@@ -464,6 +622,9 @@ impl IdleGate {
         }
         q.busy = true;
         drop(q);
+        // Housekeeping sees the database with every answered commit in it
+        // (a checkpoint that overlaps no open transaction).
+        let _ = shared.settle_now(true);
         // A panic in `f` must still free the writer.
         struct Release<'a>(&'a Shared);
         impl Drop for Release<'_> {
@@ -505,6 +666,43 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The writer thread's wait for work. While the backend holds answered
+/// commits, the wait has a timeout: when no batch came during it, the
+/// callers have paused, and the thread commits what is held.
+fn park<'a>(shared: &'a Shared, mut q: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    // Timed also while a caller applies a batch: then its end needs no
+    // wake-up of this thread.
+    let pause = match shared.held_pause_us.load(Ordering::SeqCst) {
+        0 => None,
+        us => Some(std::time::Duration::from_micros(us)),
+    };
+    let Some(pause) = pause else {
+        q.writer_waiting = true;
+        q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        q.writer_waiting = false;
+        return q;
+    };
+    let seen = shared.batches.load(Ordering::Relaxed);
+    q.writer_waiting = true;
+    q.writer_timed = true;
+    let (mut q, _) = shared
+        .wake
+        .wait_timeout(q, pause)
+        .unwrap_or_else(|p| p.into_inner());
+    q.writer_waiting = false;
+    q.writer_timed = false;
+    let paused = shared.batches.load(Ordering::Relaxed) == seen;
+    if paused && q.jobs.is_empty() && !q.busy && !q.stopped {
+        q.busy = true;
+        drop(q);
+        // A failure is kept by the backend; tried again after the next pause.
+        let _ = shared.settle_now(true);
+        shared.release();
+        q = shared.lock();
+    }
+    q
+}
+
 fn run(shared: &Arc<Shared>) {
     let _guard = StopGuard(Arc::clone(shared));
     let mut batch: Vec<Job> = Vec::with_capacity(256);
@@ -522,9 +720,7 @@ fn run(shared: &Arc<Shared>) {
                 if q.stopped || (q.closing && q.jobs.is_empty() && !q.busy) {
                     return;
                 }
-                q.writer_waiting = true;
-                q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
-                q.writer_waiting = false;
+                q = park(shared, q);
             }
             if q.stopped {
                 return;

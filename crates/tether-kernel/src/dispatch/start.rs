@@ -138,10 +138,11 @@ impl Kernel {
                 "the stop watcher has not read the store recently".into(),
             ));
         }
+        // Other processes' rows: this process's own latches are in memory.
         let rows = self
             .inner
             .store
-            .latches()
+            .latches_committed()
             .map_err(|e| unreadable(e.to_string()))?;
         if let Some(ev) = crate::safety::governed::newest_event(&rows, dev.id()) {
             // A trip this process has not applied: newer than what it knows,

@@ -5,17 +5,21 @@
 //! written to the journal once the last commit's checks are done, and
 //! flushed after the last statements, which run while the device takes it;
 //! then `COMMIT`, which does not flush, and only then are its callers
-//! answered (`journal`).
+//! answered (`journal`). With holding on (the default), that `COMMIT` waits:
+//! the transaction stays open for the next batches, each in a savepoint,
+//! and is committed when the callers pause or a bound is reached (`hold`).
 //!
 //! Never here: validation or serialisation of a commit (done on the caller's
 //! thread, in `prepare`), one commit's checks and rows (`rows`), or reads
 //! answered to callers (`read`).
 
+mod hold;
 mod replay;
 mod rows;
 
 use super::head::{load_head, seq_from_db, seq_to_db, Head};
 use super::journal::{self, Journal};
+use super::presence::Presence;
 use crate::chain::Sealed;
 use crate::writer::{Backend, Job};
 use crate::{CommitAck, StoreError};
@@ -53,6 +57,16 @@ pub(super) struct JournalCounters {
     /// Tests only ([`super::SqliteStore::crash_after_next_record`]): the next
     /// journalled batch stops as a killed process would, after its record.
     pub crash_after_record: AtomicBool,
+    /// Off, every journalled batch commits before its answers instead of
+    /// holding its transaction open for the next (a benchmark's switch:
+    /// [`super::SqliteStore::set_hold`]).
+    pub hold_off: AtomicBool,
+    /// Tests only ([`super::SqliteStore::fail_next_commit`]): the next
+    /// `COMMIT` of held records fails, as on a full disk.
+    pub fail_commit: AtomicBool,
+    /// Times answered records a failed `COMMIT` left only in the journal
+    /// were applied again (`hold::recover`).
+    pub recovered: AtomicU64,
 }
 
 /// The writer's backend: the only write connection and the chain it extends.
@@ -75,6 +89,12 @@ pub(super) struct SqliteBackend {
     adopt_from: Option<PathBuf>,
     /// Stopped as a killed process would (tests only): every batch fails.
     crashed: bool,
+    /// Answered records in the open transaction (`hold`).
+    held: Option<hold::Held>,
+    /// Answered records a failed `COMMIT` left only in the journal.
+    recovery: Option<hold::Recovery>,
+    /// Whether other handles have the store open.
+    presence: Presence,
 }
 
 /// The writer's state beside its connection (kept apart so a batch can hold
@@ -119,19 +139,54 @@ impl Backend for SqliteBackend {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
     ) -> Result<(), StoreError> {
-        let saved = self.chain.head.clone();
         let journalled = self.encode_record(batch);
+        // Held only for a few callers' batches (a group of many already
+        // shares one `COMMIT`, and one held open makes the next groups
+        // smaller: measured, PERFORMANCE.md), and only while no other handle
+        // on the store could wait for the write lock or read the file
+        // meanwhile (`presence`).
+        let hold = journalled
+            && batch.len() <= hold::HOLD_MAX_BATCH
+            && !self.counters.hold_off.load(Ordering::Relaxed)
+            && (self.held.is_some() || self.presence.alone());
+        // A batch that does not hold its transaction starts a new one, and
+        // answered records the database lacks come before anything else.
+        let ready = if hold {
+            self.recover()
+        } else {
+            self.settle_held()
+        };
+        ready?;
+        let saved = self.chain.head.clone();
+        let nested = self.held.is_some();
         let outcome = self
             .set_full_sync(!journalled)
-            .and_then(|()| self.try_batch(batch, ts_ms, results, journalled));
+            .and_then(|()| self.try_batch(batch, ts_ms, results, journalled, (nested, hold)));
         if outcome.is_err() {
-            // Nothing of the batch may survive: undo the transaction (harmless
-            // if BEGIN itself failed) and the head advanced by it.
-            let _ = self.conn.execute_batch("ROLLBACK");
+            // Nothing of the batch may survive: undo its statements (the
+            // whole transaction when it began it; harmless if BEGIN itself
+            // failed) and the head advanced by it.
+            if nested {
+                self.undo_nested(saved.clone());
+            } else {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
             self.chain.head = saved;
             results.clear();
         }
         outcome
+    }
+
+    fn held(&self) -> Option<std::time::Duration> {
+        self.hold_pause()
+    }
+
+    fn settle_due(&self) -> bool {
+        self.hold_due()
+    }
+
+    fn settle(&mut self) -> Result<(), StoreError> {
+        self.settle_held()
     }
 }
 
@@ -144,6 +199,7 @@ impl SqliteBackend {
         journal: Option<Journal>,
         counters: Arc<JournalCounters>,
         adopt_from: Option<PathBuf>,
+        presence: Presence,
     ) -> Self {
         counters.active.store(journal.is_some(), Ordering::Relaxed);
         Self {
@@ -162,6 +218,9 @@ impl SqliteBackend {
             counters,
             adopt_from,
             crashed: false,
+            held: None,
+            recovery: None,
+            presence,
         }
     }
 
@@ -194,9 +253,17 @@ impl SqliteBackend {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
         journalled: bool,
+        (nested, hold): (bool, bool),
     ) -> Result<(), StoreError> {
         if self.crashed {
             return Err(StoreError::Closed);
+        }
+        if nested {
+            // The held transaction has the write lock since its first batch:
+            // nobody else appended, and nothing is left to adopt.
+            self.conn.prepare_cached("SAVEPOINT batch")?.execute([])?;
+            let start = self.chain.head.clone();
+            return self.journalled_batch(batch, ts_ms, results, &start, (nested, hold));
         }
         // IMMEDIATE takes the write lock now, so the head check below cannot
         // race with another process appending.
@@ -209,7 +276,7 @@ impl SqliteBackend {
         if journalled && self.journal.is_some() {
             // A process that writes the journal has none to adopt.
             debug_assert!(adopted.is_none());
-            return self.journalled_batch(batch, ts_ms, results, &start);
+            return self.journalled_batch(batch, ts_ms, results, &start, (nested, hold));
         }
         self.apply_jobs(batch, ts_ms, results)?;
         // SQLite's flush of its WAL covers every earlier record too.
@@ -238,6 +305,7 @@ impl SqliteBackend {
         ts_ms: u64,
         results: &mut Vec<Result<CommitAck, StoreError>>,
         start: &Head,
+        (nested, hold): (bool, bool),
     ) -> Result<(), StoreError> {
         let last = self.apply_all_but_last_writes(batch, ts_ms, results)?;
         let Some(j) = self.journal.as_mut() else {
@@ -283,11 +351,23 @@ impl SqliteBackend {
                 j.flush()
             }
         });
-        if let Err(e) = durable.and_then(|()| commit(&self.conn)) {
+        let ended = durable.and_then(|()| {
+            if hold {
+                self.hold_record(nested)
+            } else {
+                commit(&self.conn)
+            }
+        });
+        if let Err(e) = ended {
             // Its callers are told it failed: the record must not stand.
-            j.void(at);
+            if let Some(j) = self.journal.as_mut() {
+                j.void(at);
+            }
             return Err(e);
         }
+        let Some(j) = self.journal.as_mut() else {
+            return Err(StoreError::Closed);
+        };
         results.extend(last.map(|(_, r)| r));
         self.counters
             .records
@@ -434,4 +514,15 @@ fn read_journal_at(conn: &Connection) -> Result<Option<journal::Position>, Store
 fn commit(conn: &Connection) -> Result<(), StoreError> {
     conn.prepare_cached("COMMIT")?.execute([])?;
     Ok(())
+}
+
+impl SqliteBackend {
+    /// `COMMIT` of held records, failing once when a test asked for it.
+    fn commit_held(&self) -> Result<(), StoreError> {
+        let c = &self.counters.fail_commit;
+        if c.load(Ordering::Relaxed) && c.swap(false, Ordering::Relaxed) {
+            return Err(StoreError::Sqlite("an injected COMMIT failure".into()));
+        }
+        commit(&self.conn)
+    }
 }

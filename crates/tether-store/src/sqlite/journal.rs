@@ -368,6 +368,13 @@ impl Journal {
         Ok(at)
     }
 
+    /// The whole frame of the last record written, as it is in the file: a
+    /// batch whose `COMMIT` waits keeps it, to apply it again should that
+    /// `COMMIT` fail ([`records_of`]).
+    pub(super) fn last_frame(&self) -> &[u8] {
+        &self.frame
+    }
+
     /// Waits until every record written is on the disk (a data-only flush:
     /// the file's size never changes).
     pub(super) fn flush(&mut self) -> Result<(), StoreError> {
@@ -495,6 +502,27 @@ fn scan(bytes: &[u8]) -> Scanned {
         out.end = next as u64;
     }
     out
+}
+
+/// The records in frames kept from [`Journal::last_frame`], in order: one
+/// generation, consecutive indexes; reading stops at the first that is not.
+pub(super) fn records_of(frames: &[u8]) -> (u64, Vec<Record>) {
+    let mut generation = 0;
+    let mut records: Vec<Record> = Vec::new();
+    let mut at = 0usize;
+    // Each frame takes at least a header and a digest: the loop is bounded.
+    while let Some((g, body, next)) = frame_at(frames, at) {
+        let Some(record) = decode(body) else { break };
+        if let Some(prev) = records.last() {
+            if g != generation || record.index != prev.index + 1 {
+                break;
+            }
+        }
+        generation = g;
+        records.push(record);
+        at = next;
+    }
+    (generation, records)
 }
 
 /// The frame at `at`: its generation, body and the offset after it.

@@ -45,7 +45,7 @@ impl Store for SqliteStore {
     }
 
     fn receipt(&self, command_id: &str) -> Result<Option<ReceiptRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         // LEFT JOIN: a receipt whose entry was archived keeps its document
         // in its own row; one with neither is corrupt, never "not run".
         let row: Option<(String, Option<String>, Option<String>, i64)> = conn
@@ -69,7 +69,7 @@ impl Store for SqliteStore {
     }
 
     fn receipt_digests(&self, limit: usize) -> Result<(Vec<(String, String)>, bool), StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn.prepare_cached(
             "SELECT command_id, input_digest FROM receipts ORDER BY seq DESC LIMIT ?1",
         )?;
@@ -88,7 +88,7 @@ impl Store for SqliteStore {
     }
 
     fn revisions(&self) -> Result<Vec<RevisionRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn.prepare_cached(
             "SELECT device_id, resource, revision FROM revisions ORDER BY device_id, resource",
         )?;
@@ -106,7 +106,7 @@ impl Store for SqliteStore {
     }
 
     fn open_ops(&self) -> Result<Vec<crate::OpenOp>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st =
             conn.prepare_cached("SELECT command_id, info FROM open_ops ORDER BY command_id")?;
         let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
@@ -121,7 +121,7 @@ impl Store for SqliteStore {
     }
 
     fn approvals(&self) -> Result<Vec<crate::ApprovalRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn.prepare_cached(
             "SELECT approval_id, record FROM approvals ORDER BY created_seq, approval_id",
         )?;
@@ -140,7 +140,7 @@ impl Store for SqliteStore {
     }
 
     fn approval(&self, approval_id: &str) -> Result<Option<crate::ApprovalRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let record: Option<String> = conn
             .prepare_cached("SELECT record FROM approvals WHERE approval_id = ?1")?
             .query_row([approval_id], |r| r.get(0))
@@ -162,7 +162,7 @@ impl Store for SqliteStore {
         open_max: usize,
         closed_max: usize,
     ) -> Result<Vec<crate::ApprovalRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         // The closed statuses are those of `crate::approval_is_closed`.
         let mut st = conn.prepare_cached(
             "SELECT approval_id, record FROM (
@@ -195,7 +195,7 @@ impl Store for SqliteStore {
     }
 
     fn approvals_since(&self, after: u64) -> Result<(Vec<crate::ApprovalRow>, u64), StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn.prepare_cached(
             "SELECT approval_id, record, updated_seq FROM approvals WHERE updated_seq > ?1
              ORDER BY updated_seq, approval_id LIMIT ?2",
@@ -223,7 +223,7 @@ impl Store for SqliteStore {
     }
 
     fn invocation(&self, invocation_id: &str) -> Result<Option<crate::InvocationRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn
             .prepare_cached(
                 "SELECT i.info, i.seq, e.line FROM invocations i LEFT JOIN events e ON e.seq = i.seq
@@ -253,7 +253,16 @@ impl Store for SqliteStore {
     }
 
     fn latches(&self) -> Result<Vec<LatchRow>, StoreError> {
-        let conn = self.read();
+        self.writer.settle(super::BUSY_TIMEOUT)?;
+        self.latches_committed()
+    }
+
+    fn latches_committed(&self) -> Result<Vec<LatchRow>, StoreError> {
+        // While the writer holds answered records, no other process can
+        // commit (the held transaction has the write lock, and is held only
+        // while no other handle is open): the committed rows are everything
+        // others wrote.
+        let conn = self.read_committed();
         let mut st =
             conn.prepare_cached("SELECT device_id, latched, info FROM latches ORDER BY device_id")?;
         let rows = st.query_map([], |r| {
@@ -274,7 +283,7 @@ impl Store for SqliteStore {
     }
 
     fn budget_rows_since(&self, ts_ms: u64) -> Result<Vec<BudgetRow>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn.prepare_cached(
             "SELECT key, reservation_id, amount, ts_ms, released FROM budget
              WHERE ts_ms >= ?1 ORDER BY ts_ms, rowid",
@@ -306,7 +315,7 @@ impl Store for SqliteStore {
     }
 
     fn budget_used(&self, key: &str, from_ms: Option<u64>) -> Result<f64, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         // Stored ts_ms never exceeds i64::MAX, so a larger bound counts nothing.
         let from = i64::try_from(from_ms.unwrap_or(0)).unwrap_or(i64::MAX);
         let used: f64 = conn
@@ -319,7 +328,7 @@ impl Store for SqliteStore {
     }
 
     fn chain_head(&self) -> Result<Option<(u64, String)>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let row: Option<(i64, String)> = conn
             .prepare_cached("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")?
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -328,7 +337,7 @@ impl Store for SqliteStore {
     }
 
     fn chain_tail(&self, n: usize) -> Result<Vec<Value>, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st =
             conn.prepare_cached("SELECT seq, line FROM events ORDER BY seq DESC LIMIT ?1")?;
         let rows = st.query_map([limit_param(n)], |r| {
@@ -362,7 +371,7 @@ impl Store for SqliteStore {
             {
                 // Hold the reader only while fetching, never while writing to
                 // `out` (which may be slow).
-                let conn = self.read();
+                let conn = self.read()?;
                 let mut st = conn.prepare_cached(
                     "SELECT seq, line FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
                 )?;
@@ -385,13 +394,15 @@ impl Store for SqliteStore {
     }
 
     fn archive_anchor(&self) -> Result<Option<crate::archive::ArchiveAnchor>, StoreError> {
-        super::archive::read_anchor(&self.read())
+        super::archive::read_anchor(&*self.read()?)
     }
 
     fn archive_commit(
         &self,
         anchor: &crate::archive::ArchiveAnchor,
     ) -> Result<crate::archive::ArchiveCommitted, StoreError> {
+        // Its own connection's transaction would wait for the held ones.
+        self.writer.settle(super::BUSY_TIMEOUT)?;
         super::archive::commit(&self.path, anchor)
     }
 
@@ -401,7 +412,7 @@ impl Store for SqliteStore {
 
     fn entries_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
         let limit = limit_param(limit.min(crate::ENTRIES_PAGE_MAX));
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn
             .prepare_cached("SELECT seq, line FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
         let rows = st.query_map(params![seq_to_db(after)?, limit], |r| {
@@ -416,7 +427,7 @@ impl Store for SqliteStore {
     }
 
     fn leases(&self) -> Result<crate::Leases, StoreError> {
-        let conn = self.read();
+        let conn = self.read()?;
         let mut st = conn.prepare_cached(
             "SELECT key, holder, renewed_ms, until_ms, info FROM leases ORDER BY key",
         )?;
@@ -451,8 +462,9 @@ impl Store for SqliteStore {
 
     fn change_token(&self) -> Result<u64, StoreError> {
         // data_version moves whenever another connection — this process's
-        // writer or another process — committed since the last call.
-        let conn = self.read();
+        // writer or another process — committed since the last call (the
+        // writer's held records are committed first, as for every read).
+        let conn = self.read()?;
         let v: i64 = conn.query_row("PRAGMA data_version", [], |r| r.get(0))?;
         Ok(v as u64)
     }

@@ -198,7 +198,11 @@ impl SqliteBackend {
         tracing::info!("this process now writes the evidence store's journal (the process that wrote it is gone)");
         j.follow(adopted.at);
         self.journal = Some(j);
-        self.adopt_from = None;
+        if let Some(dir) = self.adopt_from.take() {
+            // It writes the journal now: it asks who else is there instead
+            // of showing itself (which would hide it from its own probe).
+            self.presence = crate::sqlite::presence::Presence::probe(&dir);
+        }
         self.counters.active.store(true, Ordering::Relaxed);
     }
 
@@ -207,6 +211,8 @@ impl SqliteBackend {
     /// in it, the callers never told; every later batch fails.
     pub(super) fn crash(&mut self) -> StoreError {
         let _ = self.conn.execute_batch("ROLLBACK");
+        // Held records stay in the journal, for the next open.
+        self.held = None;
         self.journal = None;
         self.crashed = true;
         self.counters.active.store(false, Ordering::Relaxed);
