@@ -486,7 +486,9 @@ impl Writer {
     /// so that the read finds every commit answered before it began. Waits
     /// for a batch being applied (at most `wait`); the next batch to end
     /// commits them for it. Fails when they cannot be committed (the read
-    /// would miss answered commits) or the wait runs out.
+    /// would miss answered commits) or the wait runs out. Never from a
+    /// `done` callback: on the thread applying the batch it would wait for
+    /// itself until `wait` ran out.
     pub(crate) fn settle(&self, wait: std::time::Duration) -> Result<(), StoreError> {
         let shared = &self.shared;
         if !shared.held.load(Ordering::SeqCst) {

@@ -566,6 +566,27 @@ fn answered_records_held_in_one_transaction_are_read_at_once() {
     assert_eq!(again.journal_stats().replayed, 0);
 }
 
+/// Once the callers pause, what is held is committed without any read
+/// through the store asking for it (by the writer thread after its 0.25 ms
+/// pause, or at the latest by the next checkpoint pass, every 40 ms):
+/// another connection to the file finds every answered commit.
+#[test]
+fn held_records_are_committed_once_the_callers_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    for (i, id) in ["one", "two", "three"].into_iter().enumerate() {
+        s.commit_blocking(setpoint(id, i as u64 + 1)).unwrap();
+    }
+    // The pause is 0.25 ms; a loaded machine may take longer to wake the
+    // writer thread, so the file is looked at for up to five seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while receipts_in_file(dir.path()).len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(receipts_in_file(dir.path()), ["one", "two", "three"]);
+    assert!(s.stats().settled >= 1, "{:?}", s.stats());
+}
+
 /// A store closing commits what it holds: nothing is left for the next
 /// open to apply from the journal.
 #[test]
