@@ -273,10 +273,11 @@ impl SqliteStore {
     }
 
     /// For tests of a `COMMIT` that fails after its records were answered
-    /// (a full disk): the next commit of held records fails.
+    /// (a full disk): the next `n` commits of held records, and attempts to
+    /// apply them again from the journal, fail.
     #[doc(hidden)]
-    pub fn fail_next_commit(&self) {
-        self.journal.fail_commit.store(true, Ordering::Relaxed);
+    pub fn fail_next_commits(&self, n: u32) {
+        self.journal.fail_commits.store(n, Ordering::Relaxed);
     }
 
     /// For tests of a disk that fails a flush: the next batch that goes

@@ -609,7 +609,7 @@ fn a_store_closing_commits_the_records_it_holds() {
 fn held_records_whose_commit_fails_are_applied_again_before_anything_else() {
     let dir = tempfile::tempdir().unwrap();
     let s = SqliteStore::open(dir.path()).unwrap();
-    s.fail_next_commit();
+    s.fail_next_commits(1);
     s.commit_blocking(setpoint("one", 1)).unwrap();
     s.commit_blocking(setpoint("two", 2)).unwrap();
     // The read has them committed; that `COMMIT` (or the writer's own, had
@@ -627,6 +627,43 @@ fn held_records_whose_commit_fails_are_applied_again_before_anything_else() {
     let report = verify_store(dir.path()).unwrap();
     assert!(report.ok, "{:?}", report.first_broken);
     assert_eq!(report.entries, 3);
+}
+
+/// While answered records whose `COMMIT` failed cannot be applied again
+/// (the disk still full), a read is refused rather than answered without
+/// them, and so is a new commit; once the disk has room, the next read
+/// applies them first, and nothing is lost or run twice.
+#[test]
+fn while_held_records_cannot_be_applied_again_reads_and_commits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    s.fail_next_commits(1_000);
+    // Answered: its record is flushed; its transaction is held.
+    s.commit_blocking(setpoint("one", 1)).unwrap();
+    let injected = |r: Option<&StoreError>| matches!(r, Some(StoreError::Sqlite(why)) if why.contains("injected"));
+    let read = s.receipt("one");
+    assert!(injected(read.as_ref().err()), "{read:?}");
+    let refused = s.commit_blocking(setpoint("two", 2));
+    assert!(injected(refused.as_ref().err()), "{refused:?}");
+    assert!(s.chain_head().is_err());
+    // Meanwhile the database lacks it: it is in the journal only.
+    assert!(receipts_in_file(dir.path()).is_empty());
+    assert_eq!(s.journal_stats().recovered, 0);
+
+    s.fail_next_commits(0);
+    assert!(s.receipt("one").unwrap().is_some());
+    assert_eq!(s.journal_stats().recovered, 1);
+    assert_eq!(receipts_in_file(dir.path()), ["one"]);
+    let two = s.commit_blocking(setpoint("two", 2)).unwrap();
+    assert_eq!(two.first_seq, 2, "the refused commit took no seq");
+    drop(s);
+    let again = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(again.journal_stats().replayed, 0);
+    assert_eq!(command_ids_in_chain(&again), ["one", "two"]);
+    drop(again);
+    let report = verify_store(dir.path()).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, 2);
 }
 
 /// A batch that fails inside the held transaction (its record's flush

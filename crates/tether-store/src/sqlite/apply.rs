@@ -27,7 +27,7 @@ use rows::{apply_one, check_and_seal, write_one};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// One commit's outcome in its batch: stored, or refused alone.
@@ -61,9 +61,10 @@ pub(super) struct JournalCounters {
     /// holding its transaction open for the next (a benchmark's switch:
     /// [`super::SqliteStore::set_hold`]).
     pub hold_off: AtomicBool,
-    /// Tests only ([`super::SqliteStore::fail_next_commit`]): the next
-    /// `COMMIT` of held records fails, as on a full disk.
-    pub fail_commit: AtomicBool,
+    /// Tests only ([`super::SqliteStore::fail_next_commits`]): how many of
+    /// the next `COMMIT`s of held records, and of the attempts to apply them
+    /// again, fail, as on a full disk.
+    pub fail_commits: AtomicU32,
     /// Times answered records a failed `COMMIT` left only in the journal
     /// were applied again (`hold::recover`).
     pub recovered: AtomicU64,
@@ -517,12 +518,24 @@ fn commit(conn: &Connection) -> Result<(), StoreError> {
 }
 
 impl SqliteBackend {
-    /// `COMMIT` of held records, failing once when a test asked for it.
+    /// `COMMIT` of held records, failing when a test asked for it.
     fn commit_held(&self) -> Result<(), StoreError> {
-        let c = &self.counters.fail_commit;
-        if c.load(Ordering::Relaxed) && c.swap(false, Ordering::Relaxed) {
-            return Err(StoreError::Sqlite("an injected COMMIT failure".into()));
-        }
+        self.injected_failure("COMMIT")?;
         commit(&self.conn)
+    }
+
+    /// A failure a test asked for ([`super::SqliteStore::fail_next_commits`]),
+    /// counted down; `Ok` when none is left (a plain load then).
+    fn injected_failure(&self, what: &str) -> Result<(), StoreError> {
+        let c = &self.counters.fail_commits;
+        if c.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        match c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) {
+            Ok(_) => Err(StoreError::Sqlite(format!(
+                "an injected {what} failure (a full disk)"
+            ))),
+            Err(_) => Ok(()),
+        }
     }
 }

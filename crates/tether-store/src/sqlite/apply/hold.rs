@@ -135,6 +135,7 @@ impl SqliteBackend {
         };
         let (generation, records) = journal::records_of(&r.frames);
         let answered = r.head.clone();
+        self.injected_failure("re-application")?;
         self.chain.head = load_head(&self.conn)?;
         let opened_with = self.counters.replayed.load(Ordering::Relaxed);
         let applied = self.replay(records, generation);
