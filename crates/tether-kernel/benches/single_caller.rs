@@ -22,6 +22,12 @@
 //!   committed each, flushed first, journal off), a quarter each.
 //! - `single_physical_us`: the same thermostat declared `hardware` (the
 //!   simulated driver behind it): the durable start, then the receipt.
+//! - `command_after_wait_us` (`SINGLE_CALLER_ONLY=after-wait`): the same
+//!   setpoint on the memory store, back to back against right after a
+//!   4 KiB flush, a 100 µs sleep or a 100 µs spin, blocks rotating: what
+//!   Tether's own work costs once its thread has waited for a disk (the
+//!   CPU's caches and the idle virtual CPU's wake-up), which a durable
+//!   command always has.
 //!
 //! Each command runs in a runtime task as a surface's handler does, and is
 //! answered as text. Each figure is taken twice in the same run: with every
@@ -56,9 +62,15 @@ fn main() {
     // `SINGLE_CALLER_ONLY=setpoint` (or another run's name) runs that one
     // alone: for a profile of one path.
     let only = std::env::var("SINGLE_CALLER_ONLY").ok();
+    if only.as_deref().is_none_or(|o| o == AFTER_WAIT) {
+        after_wait(dir.path(), commands);
+        if only.is_some() {
+            return;
+        }
+    }
     if let Some(o) = only
         .as_deref()
-        .filter(|o| !RUNS.iter().any(|r| r.name == *o))
+        .filter(|o| !RUNS.iter().any(|r| r.name == *o) && *o != AFTER_WAIT)
     {
         let names: Vec<&str> = RUNS.iter().map(|r| r.name).collect();
         panic!("SINGLE_CALLER_ONLY={o:?} names no run; one of {names:?}");
@@ -260,15 +272,7 @@ fn run(
                     switch.set_early_write(early);
                     switch.set_hold(hold);
                 }
-                let req = common::setpoint(&session, 20.0 + (n % 50) as f64);
-                let t = Instant::now();
-                let answer = k
-                    .command(&p, req, tether_kernel::CommandOptions::plain())
-                    .await
-                    .expect("command");
-                out.clear();
-                answer.write_json(&mut out);
-                let took = t.elapsed().as_nanos();
+                let (answer, took) = timed_setpoint(&k, &p, &session, n, &mut out).await;
                 if hold {
                     samples.push(took);
                 } else if journal && early {
@@ -359,6 +363,87 @@ fn mean_us(samples: &[u128]) -> f64 {
 }
 
 /// (p50, p99) of nanosecond samples, in µs.
+/// A run's `n`th setpoint, answered and written as text, and how long that
+/// took, ns.
+async fn timed_setpoint(
+    k: &Kernel,
+    p: &Principal,
+    session: &str,
+    n: usize,
+    out: &mut Vec<u8>,
+) -> (tether_kernel::Answer, u128) {
+    let req = common::setpoint(session, 20.0 + (n % 50) as f64);
+    let t = Instant::now();
+    let answer = k
+        .command(p, req, tether_kernel::CommandOptions::plain())
+        .await
+        .expect("command");
+    out.clear();
+    answer.write_json(out);
+    (answer, t.elapsed().as_nanos())
+}
+
+/// `SINGLE_CALLER_ONLY`'s name for [`after_wait`].
+const AFTER_WAIT: &str = "after-wait";
+
+/// What one caller's whole command costs on the memory store (no disk on
+/// its path) back to back, and right after its thread waited: for a 4 KiB
+/// write and `fdatasync` (what a durable command waits for), a 100 µs
+/// sleep, or a 100 µs spin that keeps the CPU busy. Blocks of 100 commands
+/// rotate the four.
+fn after_wait(dir: &Path, commands: usize) {
+    const WAITS: [&str; 4] = ["back_to_back", "after_flush", "after_sleep", "after_spin"];
+    let store: Arc<dyn tether_store::Store> = Arc::new(tether_store::MemoryStore::new());
+    let sources = tether_drivers::builtin_cell();
+    let cell = tether_kernel::loader::load(&sources, None).expect("cell");
+    let drivers =
+        tether_drivers::build_all(cell.devices.iter().map(|d| &d.manifest)).expect("drivers");
+    let k = Kernel::new(KernelConfig::standard("single"), cell, drivers, store).expect("kernel");
+    let rt = common::runtime();
+    let p = Principal::local_agent();
+    let session = common::open_session(&rt, &k, &p);
+    let mut probe = Probe::open(dir);
+    let samples = rt.block_on(async move {
+        let caller = tokio::spawn(async move {
+            let mut samples: [Vec<u128>; 4] = Default::default();
+            let mut out = Vec::with_capacity(4096);
+            let mut flushed = Vec::with_capacity(1);
+            let pause = std::time::Duration::from_micros(100);
+            for n in 0..commands {
+                let wait = (n / BLOCK) % WAITS.len();
+                match wait {
+                    1 => {
+                        flushed.clear();
+                        probe.samples(1, &mut flushed);
+                    }
+                    2 => std::thread::sleep(pause),
+                    3 => {
+                        let t = Instant::now();
+                        while t.elapsed() < pause {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    _ => {}
+                }
+                let (answer, took) = timed_setpoint(&k, &p, &session, n, &mut out).await;
+                samples[wait].push(took);
+                assert_eq!(answer.status(), Some("completed"), "after-wait");
+            }
+            samples
+        });
+        caller.await.expect("caller")
+    });
+    let figures: Vec<String> = WAITS
+        .iter()
+        .zip(samples)
+        .map(|(name, s)| {
+            let (p50, p99) = percentiles(s);
+            format!("{name}_p50={p50:.1} {name}_p99={p99:.1}")
+        })
+        .collect();
+    println!("FIGURE command_after_wait_us {}", figures.join(" "));
+}
+
 fn percentiles(mut samples: Vec<u128>) -> (f64, f64) {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
