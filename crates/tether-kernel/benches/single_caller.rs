@@ -72,7 +72,8 @@ fn main() {
         .as_deref()
         .filter(|o| !RUNS.iter().any(|r| r.name == *o) && *o != AFTER_WAIT)
     {
-        let names: Vec<&str> = RUNS.iter().map(|r| r.name).collect();
+        let mut names: Vec<&str> = RUNS.iter().map(|r| r.name).collect();
+        names.push(AFTER_WAIT);
         panic!("SINGLE_CALLER_ONLY={o:?} names no run; one of {names:?}");
     }
     let flush_before = flush_p50_us(dir.path());
@@ -362,7 +363,6 @@ fn mean_us(samples: &[u128]) -> f64 {
     samples.iter().sum::<u128>() as f64 / samples.len().max(1) as f64 / 1000.0
 }
 
-/// (p50, p99) of nanosecond samples, in µs.
 /// A run's `n`th setpoint, answered and written as text, and how long that
 /// took, ns.
 async fn timed_setpoint(
@@ -411,6 +411,8 @@ fn after_wait(dir: &Path, commands: usize) {
             let pause = std::time::Duration::from_micros(100);
             for n in 0..commands {
                 let wait = (n / BLOCK) % WAITS.len();
+                // Each wait blocks this worker, as the bench means it to: the
+                // command then starts on the thread that waited.
                 match wait {
                     1 => {
                         flushed.clear();
@@ -444,6 +446,7 @@ fn after_wait(dir: &Path, commands: usize) {
     println!("FIGURE command_after_wait_us {}", figures.join(" "));
 }
 
+/// (p50, p99) of nanosecond samples, in µs.
 fn percentiles(mut samples: Vec<u128>) -> (f64, f64) {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
