@@ -99,6 +99,13 @@ fn command_ids_in_chain(s: &SqliteStore) -> Vec<String> {
         .collect()
 }
 
+/// The store's chain verifies from its files, with `entries` entries.
+fn assert_chain_verifies(dir: &Path, entries: u64) {
+    let report = verify_store(dir).unwrap();
+    assert!(report.ok, "{:?}", report.first_broken);
+    assert_eq!(report.entries, entries);
+}
+
 /// `rm tether.db*`: the database and its WAL go, the journal stays.
 fn remove_database(dir: &Path) {
     for suffix in ["", "-wal", "-shm"] {
@@ -191,9 +198,7 @@ fn answered_commits_whose_wal_a_power_loss_took_are_applied_again_on_open() {
     assert_eq!(again.journal_stats().replayed, 0);
     assert!(again.receipt("next").unwrap().is_some());
     drop(again);
-    let report = verify_store(image.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, last.last_seq + 1);
+    assert_chain_verifies(image.path(), last.last_seq + 1);
 }
 
 #[test]
@@ -260,9 +265,7 @@ fn a_second_handle_on_the_store_commits_with_sqlites_flush() {
     assert_eq!((st.records, st.adopted, st.active), (0, 0, false), "{st:?}");
     assert_eq!(first.journal_stats().records, 2);
     drop((first, second));
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 4);
+    assert_chain_verifies(dir.path(), 4);
 }
 
 /// Two handles on the store in `dir`: the first writes the journal, commits
@@ -306,9 +309,7 @@ fn answered_records_a_killed_process_held_uncommitted_are_applied_at_the_next_op
     assert_eq!(command_ids_in_chain(&second), ["one", "two", "three"]);
     second.commit_blocking(setpoint("four", 4)).unwrap();
     drop((first, second));
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 4);
+    assert_chain_verifies(dir.path(), 4);
 }
 
 #[test]
@@ -329,9 +330,7 @@ fn a_record_a_killed_process_left_is_applied_by_the_other_process_before_its_own
     second.commit_blocking(setpoint("four", 4)).unwrap();
     assert_eq!(second.journal_stats().records, 1);
     drop(second);
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 4);
+    assert_chain_verifies(dir.path(), 4);
     // Opened again, nothing is applied twice.
     let again = SqliteStore::open(dir.path()).unwrap();
     assert_eq!(again.journal_stats().replayed, 0);
@@ -454,9 +453,7 @@ fn a_batch_whose_record_s_flush_fails_is_rolled_back_and_never_applied() {
     assert_eq!(ids, ["one", "three"]);
     s.commit_blocking(setpoint("five", 5)).unwrap();
     drop(s);
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, three.last_seq + 1);
+    assert_chain_verifies(dir.path(), three.last_seq + 1);
 }
 
 /// Batches of several commits, some refused as conflicts (an id sent a
@@ -624,9 +621,7 @@ fn held_records_whose_commit_fails_are_applied_again_before_anything_else() {
     let again = SqliteStore::open(dir.path()).unwrap();
     assert_eq!(again.journal_stats().replayed, 0);
     drop(again);
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 3);
+    assert_chain_verifies(dir.path(), 3);
 }
 
 /// While answered records whose `COMMIT` failed cannot be applied again
@@ -661,9 +656,7 @@ fn while_held_records_cannot_be_applied_again_reads_and_commits_are_refused() {
     assert_eq!(again.journal_stats().replayed, 0);
     assert_eq!(command_ids_in_chain(&again), ["one", "two"]);
     drop(again);
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 2);
+    assert_chain_verifies(dir.path(), 2);
 }
 
 /// A batch that fails inside the held transaction (its record's flush
@@ -679,7 +672,5 @@ fn a_batch_failing_inside_the_held_transaction_undoes_only_itself() {
     s.commit_blocking(setpoint("three", 3)).unwrap();
     drop(s);
     assert_eq!(receipts_in_file(dir.path()), ["one", "three"]);
-    let report = verify_store(dir.path()).unwrap();
-    assert!(report.ok, "{:?}", report.first_broken);
-    assert_eq!(report.entries, 2);
+    assert_chain_verifies(dir.path(), 2);
 }
